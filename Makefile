@@ -1,0 +1,23 @@
+# Two commands on a fresh machine with Python 3.11: `make demo`, `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+.PHONY: install demo test bench-scale
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tangram-dask bench resources/bench/standard.yaml resources/bench/cluster-standard.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench-scale: $(STAMP)
+	$(BIN)/tangram-dask bench resources/bench/scale.yaml resources/bench/cluster-large.yaml --policy tangram

@@ -1,0 +1,37 @@
+"""tangram-dask: action-level elastic scheduling of agentic-RL external work on Dask.
+
+The public surface. Names that need Dask are imported on first use, so the
+pure core (``tangram_dask.policy``, ``tangram_dask.sim``) loads without Dask.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from .errors import FileFormatError, PlacementError, SandboxError, SpecError, TangramError
+from .spec import ActionSpec, make_spec
+
+__version__ = "0.1.0"
+
+# name -> module that defines it (loaded lazily: these import Dask)
+_LAZY = {
+    "action": "annotate",
+    "submit_action": "annotate",
+    "ANNOTATION": "annotate",
+}
+
+__all__ = [
+    "ActionSpec", "make_spec",
+    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tangram_dask' has no attribute {name!r}")
+    value = getattr(import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,47 @@
+"""Every error tangram-dask raises, rooted at one base class.
+
+    TangramError                    base of everything below
+    ├── SpecError (ValueError)      an action spec is wrong: the caller's fault
+    ├── FileFormatError (ValueError) a workload or cluster file is wrong: the file's fault
+    ├── PlacementError              the scheduler could not place an action (plugin side)
+    └── SandboxError                a sandbox could not be created or used (worker side)
+
+Each message says what is wrong (field or key, value) and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class TangramError(Exception):
+    """Base class of all tangram-dask errors."""
+
+
+class SpecError(TangramError, ValueError):
+    """An action spec field has a bad value.
+
+    ``field`` names the field, ``value`` is what was given.
+    """
+
+    def __init__(self, field: str, value: object, problem: str):
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"action spec field {field!r} = {value!r}: {problem}")
+
+
+class FileFormatError(TangramError, ValueError):
+    """A workload or cluster file has an unknown, missing or bad key."""
+
+    def __init__(self, path: str, key: str, problem: str):
+        self.path = path
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{path}: {key}: {problem}")
+
+
+class PlacementError(TangramError):
+    """The scheduler plugin could not place an action; the message says why."""
+
+
+class SandboxError(TangramError):
+    """A sandbox could not be started, reset or used."""
