@@ -19,6 +19,8 @@ _LAZY = {
     "action": "annotate",
     "submit_action": "annotate",
     "ANNOTATION": "annotate",
+    "current_allocation": "allocation",
+    "Allocation": "allocation",
 }
 
 __all__ = [

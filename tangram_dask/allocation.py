@@ -1,0 +1,65 @@
+"""What the scheduler granted to the action that is running now.
+
+The scheduler plugin writes the grant into the task's ``tangram`` annotation
+(key ``"grant"``) before the task reaches its worker; inside the running task
+:func:`current_allocation` reads it back. Outside an action it returns None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The units granted to one running action."""
+
+    kind: str
+    resource: str
+    units: int
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    replica: str | None = None
+    model: str | None = None
+    trajectory: str | None = None
+    affinity: str | None = None
+    timeout_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_annotation(cls, ann: Mapping[str, Any]) -> "Allocation":
+        grant = ann.get("grant") or {}
+        return cls(
+            kind=ann.get("kind", ""),
+            resource=ann.get("resource", "cpu"),
+            units=int(grant.get("units", ann.get("units_min", 1))),
+            node=grant.get("node", ""),
+            gpus=tuple(grant.get("gpus", ())),
+            replica=grant.get("replica"),
+            model=ann.get("model"),
+            trajectory=ann.get("trajectory"),
+            affinity=ann.get("affinity"),
+            timeout_s=ann.get("timeout_s"),
+        )
+
+
+def current_allocation() -> Allocation | None:
+    """The allocation of the action running in this thread, or None outside one."""
+    try:
+        from distributed import get_worker
+        from distributed.worker import thread_state
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    key = getattr(thread_state, "key", None)
+    if key is None:
+        return None
+    try:
+        worker = get_worker()
+    except ValueError:
+        return None
+    ts = worker.state.tasks.get(key)
+    ann = (ts.annotations or {}).get("tangram") if ts is not None else None
+    if not ann:
+        return None
+    return Allocation.from_annotation(ann)
