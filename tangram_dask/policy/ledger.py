@@ -1,0 +1,304 @@
+"""The resource ledger every policy decides against. Pure: no Dask import.
+
+It knows what is free and what is resident, and nothing about priorities:
+
+- :class:`CpuPool`: sandbox slots per CPU node, with an index by free count,
+  so "the node with the most free slots" costs O(1) amortised, not O(nodes).
+- :class:`TokenPool`: the API quota.
+- :class:`GpuPool`: GPUs per node in topology groups, each with its free memory
+  and whether it runs an action; model replicas resident on them, and per
+  model the ordered set of replicas ready to serve now.
+
+Every ``take`` is checked (no over-allocation ever); ``give`` undoes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cluster import CpuNode, GpuNode
+from .types import ReplicaId, ReplicaSpec
+
+EPS = 1e-9
+
+
+class OverAllocation(AssertionError):
+    """A policy tried to take what is not free: a bug in the policy."""
+
+
+class CpuPool:
+    """Sandbox slots on CPU nodes."""
+
+    def __init__(self, nodes: tuple[CpuNode, ...] = ()):
+        self.capacity: dict[str, int] = {}
+        self.free: dict[str, int] = {}
+        self.order: dict[str, int] = {}
+        self._buckets: list[dict[str, None]] = [{}]
+        self._top = 0
+        self.total = 0
+        self.total_free = 0
+        for n in nodes:
+            self.add(n.name, n.slots)
+
+    # -- membership ---------------------------------------------------------
+    def add(self, name: str, slots: int) -> None:
+        if name in self.capacity:
+            raise ValueError(f"CPU node {name!r} is already known")
+        self.capacity[name] = slots
+        self.free[name] = slots
+        self.order[name] = len(self.order)
+        while len(self._buckets) <= slots:
+            self._buckets.append({})
+        self._buckets[slots][name] = None
+        self._top = max(self._top, slots)
+        self.total += slots
+        self.total_free += slots
+
+    def remove(self, name: str) -> None:
+        f = self.free.pop(name)
+        del self._buckets[f][name]
+        self.total -= self.capacity.pop(name)
+        self.total_free -= f
+        self.order.pop(name)
+
+    # -- queries --------------------------------------------------------------
+    @property
+    def max_free(self) -> int:
+        b = self._buckets
+        while self._top > 0 and not b[self._top]:
+            self._top -= 1
+        return self._top
+
+    def most_free(self) -> str | None:
+        """The node with the most free slots (ties: the one there longest), or None."""
+        top = self.max_free
+        if top == 0:
+            return None
+        return next(iter(self._buckets[top]))
+
+    def first_fit(self, need: int) -> str | None:
+        """The first node in join order with ``need`` free slots (fifo's rule)."""
+        if self.max_free < need:
+            return None
+        for name in self.order:
+            if self.free[name] >= need:
+                return name
+        return None
+
+    # -- changes ---------------------------------------------------------------
+    def take(self, name: str, k: int) -> None:
+        f = self.free[name]
+        if k < 1 or k > f:
+            raise OverAllocation(f"take {k} slots on {name}: only {f} free")
+        self._move(name, f, f - k)
+
+    def give(self, name: str, k: int) -> None:
+        f = self.free.get(name)
+        if f is None:  # node left while the action ran
+            return
+        if f + k > self.capacity[name]:
+            raise OverAllocation(f"give {k} slots back on {name}: would exceed capacity {self.capacity[name]}")
+        self._move(name, f, f + k)
+
+    def _move(self, name: str, old: int, new: int) -> None:
+        del self._buckets[old][name]
+        self._buckets[new][name] = None
+        self.free[name] = new
+        self.total_free += new - old
+        if new > self._top:
+            self._top = new
+
+
+class TokenPool:
+    """API quota tokens held by the scheduler."""
+
+    def __init__(self, tokens: int = 0):
+        self.total = tokens
+        self.total_free = tokens
+
+    def resize(self, tokens: int) -> None:
+        self.total_free += tokens - self.total
+        self.total = tokens
+
+    def take(self, k: int) -> None:
+        if k < 1 or k > self.total_free:
+            raise OverAllocation(f"take {k} API tokens: only {self.total_free} free")
+        self.total_free -= k
+
+    def give(self, k: int) -> None:
+        self.total_free = min(self.total, self.total_free + k)
+
+
+@dataclass(slots=True)
+class Replica:
+    id: ReplicaId
+    model: str
+    node: str
+    gpus: tuple[int, ...]
+    share_gb: float
+    busy: bool = False
+    last_used: float = 0.0
+    cross_group: bool = False
+
+
+@dataclass(slots=True)
+class Gpu:
+    memory_gb: float
+    mem_free: float
+    group: int
+    busy: bool = False
+    replicas: dict[ReplicaId, None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class GpuNodeState:
+    spec: GpuNode
+    gpus: list[Gpu]
+    idle_in_group: list[int]
+
+
+class GpuPool:
+    """GPUs in topology groups, resident replicas and which of them can serve now."""
+
+    def __init__(self, nodes: tuple[GpuNode, ...] = ()):
+        self.nodes: dict[str, GpuNodeState] = {}
+        self.replicas: dict[ReplicaId, Replica] = {}
+        self.by_model: dict[str, dict[ReplicaId, None]] = {}
+        self.ready: dict[str, dict[ReplicaId, None]] = {}  # idle replica on idle GPUs
+        self.total = 0
+        self.idle = 0
+        self._next_id = 0
+        for n in nodes:
+            self.add(n)
+
+    def add(self, spec: GpuNode) -> None:
+        if spec.name in self.nodes:
+            raise ValueError(f"GPU node {spec.name!r} is already known")
+        gpus = [Gpu(spec.gpu_memory_gb, spec.gpu_memory_gb, g) for g in spec.group_of()]
+        self.nodes[spec.name] = GpuNodeState(spec, gpus, list(spec.groups))
+        self.total += spec.gpus
+        self.idle += spec.gpus
+
+    def remove(self, name: str) -> list[ReplicaId]:
+        st = self.nodes.pop(name)
+        gone = [rid for rid, r in self.replicas.items() if r.node == name]
+        for rid in gone:
+            r = self.replicas.pop(rid)
+            self.by_model[r.model].pop(rid, None)
+            self.ready[r.model].pop(rid, None)
+        self.total -= st.spec.gpus
+        self.idle -= sum(1 for g in st.gpus if not g.busy)
+        return gone
+
+    # -- replicas --------------------------------------------------------------
+    def place(self, model: str, node: str, gpus: tuple[int, ...], model_gb: float, now: float = 0.0) -> ReplicaId:
+        """Make a replica resident (its memory taken on each GPU)."""
+        st = self.nodes[node]
+        share = model_gb / len(gpus)
+        for i in gpus:
+            if st.gpus[i].mem_free + EPS < share:
+                raise OverAllocation(f"replica of {model} on {node} GPUs {gpus}: GPU {i} has "
+                                     f"{st.gpus[i].mem_free:g} GB free, needs {share:g}")
+        rid = ReplicaId(self._next_id)
+        self._next_id += 1
+        groups = {st.gpus[i].group for i in gpus}
+        r = Replica(rid, model, node, tuple(gpus), share, last_used=now, cross_group=len(groups) > 1)
+        self.replicas[rid] = r
+        for i in gpus:
+            st.gpus[i].mem_free -= share
+            st.gpus[i].replicas[rid] = None
+        self.by_model.setdefault(model, {})[rid] = None
+        self.ready.setdefault(model, {})
+        self._refresh(r)
+        return rid
+
+    def evict(self, rid: ReplicaId) -> None:
+        r = self.replicas[rid]
+        if r.busy:
+            raise OverAllocation(f"evict replica {rid} of {r.model}: it is serving an action")
+        st = self.nodes[r.node]
+        for i in r.gpus:
+            st.gpus[i].mem_free += r.share_gb
+            del st.gpus[i].replicas[rid]
+        del self.replicas[rid]
+        del self.by_model[r.model][rid]
+        self.ready[r.model].pop(rid, None)
+
+    def initial(self, replicas: list[ReplicaSpec], models: dict) -> None:
+        for rs in replicas:
+            if rs.node in self.nodes:
+                self.place(rs.model, rs.node, rs.gpus, models[rs.model].gpu_memory_gb)
+
+    # -- running -----------------------------------------------------------------
+    def acquire(self, rid: ReplicaId, now: float) -> None:
+        """The replica serves an action: it and its GPUs are busy."""
+        r = self.replicas[rid]
+        st = self.nodes[r.node]
+        if r.busy or any(st.gpus[i].busy for i in r.gpus):
+            raise OverAllocation(f"replica {rid} of {r.model} on {r.node} GPUs {r.gpus} is not free")
+        r.busy = True
+        r.last_used = now
+        self.ready[r.model].pop(rid, None)
+        for i in r.gpus:
+            g = st.gpus[i]
+            g.busy = True
+            st.idle_in_group[g.group] -= 1
+            for other in g.replicas:
+                self.ready[self.replicas[other].model].pop(other, None)
+        self.idle -= len(r.gpus)
+
+    def release(self, rid: ReplicaId, now: float) -> None:
+        r = self.replicas.get(rid)
+        if r is None or not r.busy:
+            return
+        r.busy = False
+        r.last_used = now
+        st = self.nodes.get(r.node)
+        if st is None:
+            return
+        touched: dict[ReplicaId, None] = {}
+        for i in r.gpus:
+            g = st.gpus[i]
+            g.busy = False
+            st.idle_in_group[g.group] += 1
+            touched.update(g.replicas)
+        self.idle += len(r.gpus)
+        for other in touched:
+            self._refresh(self.replicas[other])
+
+    def _refresh(self, r: Replica) -> None:
+        st = self.nodes[r.node]
+        if not r.busy and not any(st.gpus[i].busy for i in r.gpus):
+            self.ready[r.model][r.id] = None
+
+    # -- queries -----------------------------------------------------------------
+    def evictable_memory(self, node: str, i: int, keep: set[str] | None = None) -> float:
+        """Memory on GPU i once every idle replica not of a model in ``keep`` is evicted."""
+        g = self.nodes[node].gpus[i]
+        if g.busy:
+            return g.mem_free
+        free = g.mem_free
+        for rid in g.replicas:
+            r = self.replicas[rid]
+            if not r.busy and (keep is None or r.model not in keep):
+                free += r.share_gb
+        return free
+
+    def eviction_plan(self, node: str, gpus: tuple[int, ...], share: float, order: list[ReplicaId]) -> list[ReplicaId] | None:
+        """Replicas to evict (taken from ``order``, first first) so each GPU has ``share`` free; None if impossible."""
+        st = self.nodes[node]
+        free = {i: st.gpus[i].mem_free for i in gpus}
+        plan: list[ReplicaId] = []
+        for rid in order:
+            if all(free[i] + EPS >= share for i in gpus):
+                break
+            r = self.replicas[rid]
+            if r.busy or not any(i in free and free[i] + EPS < share for i in r.gpus):
+                continue
+            plan.append(rid)
+            for i in r.gpus:
+                if i in free:
+                    free[i] += r.share_gb
+        if all(free[i] + EPS >= share for i in gpus):
+            return plan
+        return None

@@ -1,0 +1,71 @@
+"""The static split of GPUs across reward models (WORKLOAD.md, "The static split").
+
+Pure: no Dask import. Every policy starts from these resident replicas;
+``static`` keeps them for good.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..cluster import ClusterSpec, ModelSpec
+from .types import ReplicaSpec
+
+
+def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
+                 gpu_kinds: Iterable[tuple[str, float, float, int]]) -> list[ReplicaSpec]:
+    """Replicas of ``units.min`` GPUs within one group, in proportion to demand.
+
+    ``gpu_kinds``: (model, weight, median duration, units_min) per GPU action kind.
+    Demand per model = sum of weight x median; replica size = the largest
+    units_min of its kinds, grown until its share fits a GPU. First one replica
+    per model in descending demand, then repeatedly one for the model furthest
+    below its share of all GPUs (among those that still fit), each in the
+    smallest group it fits (fewest free GPUs, then node and group order),
+    until none fits.
+    """
+    demand: dict[str, float] = {}
+    size: dict[str, int] = {}
+    for model, weight, median, umin in gpu_kinds:
+        demand[model] = demand.get(model, 0.0) + weight * median
+        size[model] = max(size.get(model, 1), umin)
+    if not demand or not cluster.gpu_nodes:
+        return []
+    mem = min(n.gpu_memory_gb for n in cluster.gpu_nodes)
+    for m in size:
+        size[m] = models[m].replica_gpus(size[m], mem)
+    total = sum(demand.values())
+    n_gpus = cluster.gpu_count
+    share = {m: demand[m] / total * n_gpus for m in demand}
+    # free GPUs per (node index, group index), as lists of GPU indices
+    free: list[list[list[int]]] = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
+    out: list[ReplicaSpec] = []
+    given = {m: 0 for m in demand}
+
+    def place(m: str) -> bool:
+        k = size[m]
+        best = None
+        for ni, groups in enumerate(free):
+            if cluster.gpu_nodes[ni].gpu_memory_gb * k < models[m].gpu_memory_gb - 1e-9:
+                continue
+            for gi, g in enumerate(groups):
+                if len(g) >= k and (best is None or len(g) < best[0]):
+                    best = (len(g), ni, gi)
+        if best is None:
+            return False
+        _, ni, gi = best
+        g = free[ni][gi]
+        gpus, free[ni][gi] = tuple(g[:k]), g[k:]
+        out.append(ReplicaSpec(m, cluster.gpu_nodes[ni].name, gpus))
+        given[m] += k
+        return True
+
+    order: Sequence[str] = sorted(demand, key=lambda m: (-demand[m], m))
+    for m in order:
+        place(m)
+    fits = set(order)
+    while fits:
+        m = max(sorted(fits), key=lambda x: share[x] - given[x])
+        if not place(m):
+            fits.discard(m)
+    return out

@@ -1,0 +1,315 @@
+"""``tangram``: action-level elastic scheduling. See docs/scheduling.md.
+
+Pure: no Dask import. Per resource pool (CPU slots, API tokens, each model's
+GPU replicas) a heap of waiting actions, in phases:
+
+1. **order**: key = ``aging * issued_at + est``, est the posterior expected
+   work (hint blended with the kind's history). Shortest expected work first,
+   and no action waits forever: a newcomer's key grows with the clock.
+2. **fit**: the head starts only if its ``units.min`` fit somewhere; if not,
+   the pool stops (the head keeps its claim on the next free units).
+3. **place**: a stateful action goes home (no restore) when home has room;
+   otherwise the node with the most free slots. A GPU action takes a ready
+   replica of its model, or, when the backlog on that model outlasts a load,
+   a new replica inside one topology group (evicting idle replicas of models
+   nobody waits for).
+4. **size**: elastic units. Spare units beyond what the queue needs are
+   granted while the extra unit-seconds fit an inefficiency budget set by the
+   offered load: all the speedup when the pool is idle, ``units.min`` when
+   it is saturated.
+5. **reserve**: the ledger takes the units; ``finish`` gives them back.
+
+Each decision costs O(log n) in the pending actions and O(1) amortised in
+the nodes (the ledger indexes nodes by free slots).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+
+from ..spec import ActionSpec
+from .base import Policy, Running
+from .estimate import Estimator
+from .types import ActionId, Decision, ReplicaId
+
+
+@dataclass(frozen=True)
+class TangramOptions:
+    """Knobs of the tangram policy (defaults are what docs/scheduling.md justifies)."""
+
+    aging: float = 1.0          # priority gained per second waited, in seconds of est work
+    target_load: float = 0.9    # inefficiency budget: elastic units while offered load x inefficiency <= this
+    horizon_s: float = 30.0     # time constant of the offered-load estimate
+    load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
+
+
+@dataclass(slots=True)
+class Pending:
+    spec: ActionSpec
+    est: float
+    issued: float
+
+
+class OfferedLoad:
+    """EWMA of offered work (unit-seconds on units.min per second), bias-corrected at start."""
+
+    __slots__ = ("tau", "w", "last", "t0")
+
+    def __init__(self, tau: float):
+        self.tau = tau
+        self.w = 0.0
+        self.last = None
+        self.t0 = 0.0
+
+    def add(self, now: float, work: float) -> None:
+        if self.last is None:
+            self.last = self.t0 = now
+        elif now > self.last:
+            self.w *= math.exp((self.last - now) / self.tau)
+            self.last = now
+        self.w += work
+
+    def rate(self, now: float) -> float:
+        if self.last is None:
+            return 0.0
+        w = self.w * math.exp((self.last - now) / self.tau) if now > self.last else self.w
+        span = self.tau * (1.0 - math.exp(-(max(now - self.t0, 1e-3)) / self.tau))
+        return w / span
+
+
+class TangramPolicy(Policy):
+    name = "tangram"
+
+    def __init__(self, *a, options: TangramOptions | None = None, **kw):
+        super().__init__(*a, **kw)
+        self.opt = options or TangramOptions()
+        self.est = Estimator()
+        self.pending: dict[ActionId, Pending] = {}
+        self.queues: dict[str, list] = {"cpu": [], "api": []}
+        self.qmin: dict[str, int] = {"cpu": 0, "api": 0}
+        self.offered: dict[str, OfferedLoad] = {}
+        self.dirty: dict[str, None] = {}
+        self._seq = 0
+
+    # -- events -------------------------------------------------------------
+    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+        est = self.est.expected(spec)
+        pool = spec.model if spec.resource == "gpu" else spec.resource
+        q = self.queues.get(pool)
+        if q is None:
+            q = self.queues[pool] = []
+            self.qmin[pool] = 0
+        self.pending[aid] = Pending(spec, est, now)
+        heappush(q, (self.opt.aging * now + est, self._seq, aid))
+        self._seq += 1
+        self.qmin[pool] += spec.units_min
+        off = self.offered.get(pool)
+        if off is None:
+            off = self.offered[pool] = OfferedLoad(self.opt.horizon_s)
+        off.add(now, est * spec.units_min)
+        self.dirty[pool] = None
+
+    def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
+        if run_s is not None and run_s > 0:
+            self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
+        self._freed(r.spec)
+
+    def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
+        r = self.running.get(aid)
+        done = super().cancel(aid, now)
+        if r is not None:
+            self._freed(r.spec)
+        return done
+
+    def _freed(self, spec: ActionSpec) -> None:
+        if spec.resource == "gpu":
+            for m in self.models:
+                if self.queues.get(m):
+                    self.dirty[m] = None
+        else:
+            self.dirty[spec.resource] = None
+
+    def _drop_pending(self, aid: ActionId) -> bool:
+        p = self.pending.pop(aid, None)
+        if p is None:
+            return False
+        pool = p.spec.model if p.spec.resource == "gpu" else p.spec.resource
+        self.qmin[pool] -= p.spec.units_min  # the heap entry is skipped lazily
+        return True
+
+    def _capacity_changed(self) -> None:
+        for pool in self.queues:
+            self.dirty[pool] = None
+
+    def _queued(self) -> dict[str, int]:
+        out = {"cpu": 0, "api": 0, "gpu": 0}
+        for p in self.pending.values():
+            out[p.spec.resource] += 1
+        return out
+
+    # -- decisions --------------------------------------------------------------
+    def _schedule(self, now: float, out: list[Decision]) -> None:
+        dirty, self.dirty = self.dirty, {}
+        for pool in dirty:
+            if pool == "cpu":
+                self._drain_cpu(now, out)
+            elif pool == "api":
+                self._drain_api(now, out)
+            else:
+                self._drain_gpu(pool, now, out)
+
+    def _head(self, q: list) -> tuple[ActionId, Pending] | None:
+        pending = self.pending
+        while q:
+            aid = q[0][2]
+            p = pending.get(aid)
+            if p is not None:
+                return aid, p
+            heappop(q)
+        return None
+
+    def _take_head(self, pool: str, aid: ActionId) -> Pending:
+        heappop(self.queues[pool])
+        p = self.pending.pop(aid)
+        self.qmin[pool] -= p.spec.units_min
+        return p
+
+    def _drain_cpu(self, now: float, out: list[Decision]) -> None:
+        q, cpu, home = self.queues["cpu"], self.cpu, self.home
+        while True:
+            head = self._head(q)
+            if head is None:
+                return
+            aid, p = head
+            spec = p.spec
+            need = spec.units_min
+            if cpu.max_free < need:
+                return
+            node = None
+            if spec.affinity == "trajectory":
+                h = home.get(spec.trajectory)
+                if h is not None and cpu.free.get(h, 0) >= need:
+                    node = h
+            if node is None:
+                node = cpu.most_free()
+            self._take_head("cpu", aid)
+            k = self._units(spec, cpu.free[node], cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now)
+            out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+
+    def _drain_api(self, now: float, out: list[Decision]) -> None:
+        q, api = self.queues["api"], self.api
+        while True:
+            head = self._head(q)
+            if head is None:
+                return
+            aid, p = head
+            spec = p.spec
+            if api.total_free < spec.units_min:
+                return
+            self._take_head("api", aid)
+            k = self._units(spec, api.total_free, api.total_free - self.qmin["api"] - spec.units_min, api.total, "api", now)
+            out.append(self._start_api(aid, spec, k, now, p.est * spec.scale(k)))
+
+    def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: str, now: float) -> int:
+        """Elastic size: the largest k whose extra unit-seconds fit the inefficiency budget."""
+        lo = spec.units_min
+        hi = min(spec.units_max, room, lo + max(spare, 0))
+        if hi <= lo or spec.parallel_fraction == 0.0:
+            return lo
+        rho = self.offered[pool].rate(now) / max(capacity, 1)
+        budget = self.opt.target_load / rho if rho > 0 else math.inf
+        for k in range(hi, lo, -1):
+            if k * spec.scale(k) / lo <= budget:
+                return k
+        return lo
+
+    # -- GPUs -------------------------------------------------------------------
+    def _drain_gpu(self, model: str, now: float, out: list[Decision]) -> None:
+        q, gp = self.queues[model], self.gpu
+        while gp.idle:
+            head = self._head(q)
+            if head is None:
+                return
+            aid, p = head
+            spec = p.spec
+            rid = self._ready_replica(model, spec)
+            if rid is not None:
+                self._take_head(model, aid)
+                out.append(self._start_gpu(aid, spec, rid, now, p.est))
+                continue
+            if not self._should_load(model, now):
+                return
+            site = self._load_site(model, spec)
+            if site is None:
+                return
+            node, gpus, evict = site
+            self._take_head(model, aid)
+            rid = self._load(model, node, gpus, evict, now)
+            out.append(self._start_gpu(aid, spec, rid, now, p.est, load=True, evict=tuple(evict)))
+
+    def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
+        gp = self.gpu
+        best, best_k = None, 0
+        for rid in gp.ready.get(model, ()):
+            k = len(gp.replicas[rid].gpus)
+            if spec.units_min <= k <= spec.units_max:
+                return rid
+            if k >= spec.units_min and (best is None or k < best_k):
+                best, best_k = rid, k
+        return best
+
+    def _should_load(self, model: str, now: float) -> bool:
+        reps = len(self.gpu.by_model.get(model, ()))
+        if reps == 0:
+            return True
+        backlog = self.qmin[model] * self._mean_est(model) / reps
+        return backlog > self.opt.load_patience * self.models[model].load_s
+
+    def _mean_est(self, model: str) -> float:
+        q = self.queues[model]
+        if not q:
+            return 0.0
+        n = min(len(q), 16)
+        tot = 0.0
+        for _, _, aid in q[:n]:
+            p = self.pending.get(aid)
+            if p is not None:
+                tot += p.est / p.spec.units_min
+        return tot / n
+
+    def _load_site(self, model: str, spec: ActionSpec) -> tuple[str, tuple[int, ...], list[ReplicaId]] | None:
+        gp = self.gpu
+        ms = self.models[model]
+        waiting = {m for m in self.models if self._head(self.queues.get(m, [])) is not None}
+        best = None
+        for name, st in gp.nodes.items():
+            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+            share = ms.gpu_memory_gb / k
+            start = 0
+            for g, size in enumerate(st.spec.groups):
+                if st.idle_in_group[g] >= k:
+                    idle = [i for i in range(start, start + size) if not st.gpus[i].busy]
+                    idle.sort(key=lambda i: -st.gpus[i].mem_free)
+                    gpus = tuple(sorted(idle[:k]))
+                    cands = {rid for i in gpus for rid in st.gpus[i].replicas}
+                    order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
+                    order = [rid for rid in order if self._evictable(rid, waiting)]
+                    plan = gp.eviction_plan(name, gpus, share, order)
+                    if plan is not None:
+                        score = len(plan)
+                        if best is None or score < best[0]:
+                            best = (score, name, gpus, plan)
+                            if score == 0:
+                                return name, gpus, plan
+                start += size
+        return None if best is None else best[1:]
+
+    def _evict_rank(self, rid: ReplicaId, waiting: set[str]) -> tuple:
+        r = self.gpu.replicas[rid]
+        return (r.model in waiting, -len(self.gpu.by_model[r.model]), r.last_used, rid)
+
+    def _evictable(self, rid: ReplicaId, waiting: set[str]) -> bool:
+        r = self.gpu.replicas[rid]
+        return not r.busy and not (r.model in waiting and len(self.gpu.by_model[r.model]) <= 1)

@@ -1,0 +1,100 @@
+"""Plain data in and out of a policy. Pure: no Dask import.
+
+A policy is driven by events (``submit``, ``finish``, ``begin_trajectory``,
+``end_trajectory``, nodes joining and leaving) and answers ``schedule(now)``
+with decisions: :class:`Start` (run this action here, on this many units)
+and :class:`Admit` (a trajectory may begin). "Nothing fits now" is a value,
+:class:`Shortfall`, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, NewType
+
+ActionId = Hashable
+NodeId = NewType("NodeId", str)
+ReplicaId = NewType("ReplicaId", int)
+TrajectoryId = NewType("TrajectoryId", str)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """A replica of a model resident on ``gpus`` of one GPU node."""
+
+    model: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start ``action`` on ``node`` with ``units`` units.
+
+    GPU actions name the GPUs and the replica; ``load`` means the replica is
+    loaded first (after evicting ``evict``). ``restore`` means the
+    trajectory's state is restored from another node first; ``cross_group``
+    that the GPUs span topology groups. ``sandbox`` says how a CPU action
+    gets its sandbox: ``"warm"`` from the node's pool, ``"cold"`` started
+    for it, ``"bound"`` the trajectory's own, already running.
+    """
+
+    action: ActionId
+    node: str
+    units: int
+    gpus: tuple[int, ...] = ()
+    replica: ReplicaId | None = None
+    load: bool = False
+    evict: tuple[ReplicaId, ...] = ()
+    restore: bool = False
+    cross_group: bool = False
+    sandbox: str = "warm"
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Trajectory ``trajectory`` may begin, after ``setup_s`` (a cold sandbox start).
+
+    A policy that binds resources to the trajectory for its whole life names
+    them: ``units`` slots on ``node`` and ``tokens`` API tokens.
+    """
+
+    trajectory: str
+    setup_s: float = 0.0
+    node: str = ""
+    units: int = 0
+    tokens: int = 0
+
+
+Decision = Start | Admit
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why the head of a queue waits: ``requested`` units of ``resource``, ``free`` of them free."""
+
+    resource: str
+    requested: int
+    free: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    resource: str
+    capacity: int
+    free: int
+    queued: int
+    running: int
+    head: Shortfall | None = None
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    """A frozen view for dashboards, metrics and the autoscaler."""
+
+    policy: str
+    pools: tuple[PoolStats, ...]
+    replicas: tuple[tuple[str, str, tuple[int, ...], bool], ...] = ()  # model, node, gpus, busy
+    decisions: int = 0
+    extra: dict = field(default_factory=dict)
