@@ -141,8 +141,9 @@ class Policy:
             self.gpu.release(r.replica, now)
 
     def _start_cpu(self, aid: ActionId, spec: ActionSpec, node: str, k: int, now: float,
-                   est_s: float = 0.0) -> Start:
-        self.cpu.take(node, k)
+                   est_s: float = 0.0, taken: bool = False) -> Start:
+        if not taken:
+            self.cpu.take(node, k)
         restore = False
         if spec.affinity == "trajectory":
             prev = self.home.get(spec.trajectory)

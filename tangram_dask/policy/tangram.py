@@ -31,7 +31,7 @@ from heapq import heappop, heappush
 
 from ..spec import ActionSpec
 from .base import Policy, Running
-from .estimate import Estimator
+from .estimate import Estimator, Welford
 from .types import ActionId, Decision, ReplicaId
 
 
@@ -43,6 +43,10 @@ class TangramOptions:
     target_load: float = 0.9    # inefficiency budget: elastic units while offered load x inefficiency <= this
     horizon_s: float = 30.0     # time constant of the offered-load estimate
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
+    load_signal: float = 0.0    # 0: occupancy (min-unit demand running + queued), 1: offered-load EWMA, 2: max
+    makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
+    reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
+    elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log hints
 
 
 @dataclass(slots=True)
@@ -50,6 +54,18 @@ class Pending:
     spec: ActionSpec
     est: float
     issued: float
+
+
+@dataclass(slots=True)
+class Reservation:
+    """An action collecting freed slots on one node until it has ``want``."""
+
+    aid: ActionId
+    p: Pending
+    node: str
+    held: int
+    want: int
+    deadline: float
 
 
 class OfferedLoad:
@@ -89,13 +105,43 @@ class TangramPolicy(Policy):
         self.pending: dict[ActionId, Pending] = {}
         self.queues: dict[str, list] = {"cpu": [], "api": []}
         self.qmin: dict[str, int] = {"cpu": 0, "api": 0}
+        self.rmin: dict[str, int] = {"cpu": 0, "api": 0}  # units.min of running actions, per pool
         self.offered: dict[str, OfferedLoad] = {}
         self.dirty: dict[str, None] = {}
         self._seq = 0
+        self.traj_start: dict[str, float] = {}
+        self._t0: float | None = None
+        self.reserved: dict[str, Reservation] = {}  # node -> its one reservation
+        self.hints: dict[str, Welford] = {}  # per kind: log hints seen at submission
+        self.release_rate = OfferedLoad(self.opt.horizon_s)  # CPU slots freed per second
+        self.traj_n = 0
+        self.traj_sum = 0.0
 
     # -- events -------------------------------------------------------------
+    def end_trajectory(self, trajectory: str, now: float) -> None:
+        super().end_trajectory(trajectory, now)
+        t0 = self.traj_start.pop(trajectory, None)
+        if t0 is not None:
+            self.traj_n += 1
+            self.traj_sum += now - t0
+
+    def _t_ref(self, now: float) -> float:
+        """The scale of a trajectory's length: mean of those ended, else the time elapsed."""
+        if self.traj_n >= 8:
+            return max(self.traj_sum / self.traj_n, 1e-3)
+        return max(now - self._t0, 1e-3)
+
     def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+        if self._t0 is None:
+            self._t0 = now
+        if spec.trajectory is not None and spec.trajectory not in self.traj_start:
+            self.traj_start[spec.trajectory] = now
         est = self.est.expected(spec)
+        if spec.hint_s:
+            w = self.hints.get(spec.kind)
+            if w is None:
+                w = self.hints[spec.kind] = Welford()
+            w.add(math.log(spec.hint_s))
         pool = spec.model if spec.resource == "gpu" else spec.resource
         q = self.queues.get(pool)
         if q is None:
@@ -112,6 +158,10 @@ class TangramPolicy(Policy):
         self.dirty[pool] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
+        if r.spec.resource != "gpu":
+            self.rmin[r.spec.resource] -= r.spec.units_min
+            if r.spec.resource == "cpu":
+                self.release_rate.add(now, r.units)
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
         self._freed(r.spec)
@@ -120,6 +170,8 @@ class TangramPolicy(Policy):
         r = self.running.get(aid)
         done = super().cancel(aid, now)
         if r is not None:
+            if r.spec.resource != "gpu":
+                self.rmin[r.spec.resource] -= r.spec.units_min
             self._freed(r.spec)
         return done
 
@@ -132,6 +184,14 @@ class TangramPolicy(Policy):
             self.dirty[spec.resource] = None
 
     def _drop_pending(self, aid: ActionId) -> bool:
+        for node, rv in self.reserved.items():
+            if rv.aid == aid:
+                del self.reserved[node]
+                if rv.held:
+                    self.cpu.give(node, rv.held)
+                self.rmin["cpu"] -= rv.p.spec.units_min
+                self.dirty["cpu"] = None
+                return True
         p = self.pending.pop(aid, None)
         if p is None:
             return False
@@ -178,6 +238,8 @@ class TangramPolicy(Policy):
 
     def _drain_cpu(self, now: float, out: list[Decision]) -> None:
         q, cpu, home = self.queues["cpu"], self.cpu, self.home
+        if self.reserved:
+            self._serve_reservations(now, out)
         while True:
             head = self._head(q)
             if head is None:
@@ -190,13 +252,72 @@ class TangramPolicy(Policy):
             node = None
             if spec.affinity == "trajectory":
                 h = home.get(spec.trajectory)
-                if h is not None and cpu.free.get(h, 0) >= need:
+                if h is not None and cpu.free.get(h, 0) >= need and h not in self.reserved:
                     node = h
             if node is None:
                 node = cpu.most_free()
+                if node in self.reserved:
+                    node = self._unreserved_node(need)
+                    if node is None:
+                        return
             self._take_head("cpu", aid)
-            k = self._units(spec, cpu.free[node], cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now)
+            self.rmin["cpu"] += need
+            room = cpu.free[node]
+            want = spec.units_max if self._elephant(spec, p.est) else 0
+            if want > room and node not in self.reserved:
+                wait = self._expected_wait(want - room, now)
+                gain = p.est * (spec.scale(room) - spec.scale(want))
+                if gain > self.opt.reserve_gain * wait:
+                    cpu.take(node, room)
+                    self.reserved[node] = Reservation(aid, p, node, room, want, now + gain / self.opt.reserve_gain)
+                    continue
+            k = self._units(spec, room, cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now, p.est)
             out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+
+    def _elephant(self, spec: ActionSpec, est: float) -> bool:
+        """In the top tail of its kind: long enough to set the step's end on its own."""
+        w = self.hints.get(spec.kind)
+        if w is None or w.n < 8 or spec.units_max == spec.units_min:
+            return False
+        return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.var)
+
+    def _unreserved_node(self, need: int) -> str | None:
+        best = None
+        for name in self.cpu.order:  # rare: only when the most-free node is reserved
+            f = self.cpu.free[name]
+            if f >= need and name not in self.reserved and (best is None or f > self.cpu.free[best]):
+                best = name
+        return best
+
+    def _expected_wait(self, slots: int, now: float) -> float:
+        """Seconds until ``slots`` more slots free up on one node, from the observed release rate."""
+        rate = self.release_rate.rate(now) / max(len(self.cpu.capacity), 1)
+        return slots / rate if rate > 0 else math.inf
+
+    def _requeue(self, aid: ActionId, p: Pending) -> None:
+        self.pending[aid] = p
+        heappush(self.queues["cpu"], (self.opt.aging * p.issued + p.est, self._seq, aid))
+        self._seq += 1
+        self.qmin["cpu"] += p.spec.units_min
+        self.dirty["cpu"] = None
+
+    def _serve_reservations(self, now: float, out: list[Decision]) -> None:
+        cpu = self.cpu
+        for node, rv in list(self.reserved.items()):
+            if node not in cpu.free:  # the node left
+                del self.reserved[node]
+                self.rmin["cpu"] -= rv.p.spec.units_min
+                self._requeue(rv.aid, rv.p)
+                continue
+            extra = min(cpu.free[node], rv.want - rv.held)
+            if extra:
+                cpu.take(node, extra)
+                rv.held += extra
+            if rv.held >= rv.want or (now >= rv.deadline and rv.held >= rv.p.spec.units_min):
+                del self.reserved[node]
+                spec = rv.p.spec
+                out.append(self._start_cpu(rv.aid, spec, node, rv.held, now, rv.p.est * spec.scale(rv.held),
+                                           taken=True))
 
     def _drain_api(self, now: float, out: list[Decision]) -> None:
         q, api = self.queues["api"], self.api
@@ -209,17 +330,28 @@ class TangramPolicy(Policy):
             if api.total_free < spec.units_min:
                 return
             self._take_head("api", aid)
-            k = self._units(spec, api.total_free, api.total_free - self.qmin["api"] - spec.units_min, api.total, "api", now)
+            k = self._units(spec, api.total_free, api.total_free - self.qmin["api"] - spec.units_min, api.total, "api", now, p.est)
+            self.rmin["api"] += spec.units_min
             out.append(self._start_api(aid, spec, k, now, p.est * spec.scale(k)))
 
-    def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: str, now: float) -> int:
+    def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: str, now: float,
+               est: float) -> int:
         """Elastic size: the largest k whose extra unit-seconds fit the inefficiency budget."""
         lo = spec.units_min
         hi = min(spec.units_max, room, lo + max(spare, 0))
         if hi <= lo or spec.parallel_fraction == 0.0:
             return lo
-        rho = self.offered[pool].rate(now) / max(capacity, 1)
+        sig = self.opt.load_signal
+        occ = (self.rmin[pool] + self.qmin[pool] + lo) / max(capacity, 1)
+        if sig == 0:
+            rho = occ
+        else:
+            rho = self.offered[pool].rate(now) / max(capacity, 1)
+            if sig == 2:
+                rho = max(rho, occ)
         budget = self.opt.target_load / rho if rho > 0 else math.inf
+        if self.opt.makespan:
+            budget *= 1.0 + self.opt.makespan * est / self._t_ref(now)
         for k in range(hi, lo, -1):
             if k * spec.scale(k) / lo <= budget:
                 return k
