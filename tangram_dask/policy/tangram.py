@@ -32,7 +32,7 @@ from heapq import heappop, heappush
 from ..spec import ActionSpec
 from .base import Policy, Running
 from .estimate import Estimator, Welford
-from .types import ActionId, Decision, ReplicaId
+from .types import ActionId, Admit, Decision, ReplicaId
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,13 @@ class TangramOptions:
 
     aging: float = 1.0          # priority gained per second waited, in seconds of est work
     target_load: float = 0.9    # inefficiency budget: elastic units while offered load x inefficiency <= this
-    horizon_s: float = 30.0     # time constant of the offered-load estimate
+    horizon_s: float = 30.0     # time constant of the observed slot-release rate
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
-    load_signal: float = 0.0    # 0: occupancy (min-unit demand running + queued), 1: offered-load EWMA, 2: max
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
+    admission: float = 0.0      # 0: admit every trajectory at once; >0: target CPU occupancy for admitting
+    admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
+    admission_cycles: float = 2.0  # no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log hints
 
 
@@ -68,8 +70,8 @@ class Reservation:
     deadline: float
 
 
-class OfferedLoad:
-    """EWMA of offered work (unit-seconds on units.min per second), bias-corrected at start."""
+class Rate:
+    """EWMA of an event rate (amount per second), bias-corrected at start."""
 
     __slots__ = ("tau", "w", "last", "t0")
 
@@ -106,20 +108,35 @@ class TangramPolicy(Policy):
         self.queues: dict[str, list] = {"cpu": [], "api": []}
         self.qmin: dict[str, int] = {"cpu": 0, "api": 0}
         self.rmin: dict[str, int] = {"cpu": 0, "api": 0}  # units.min of running actions, per pool
-        self.offered: dict[str, OfferedLoad] = {}
         self.dirty: dict[str, None] = {}
         self._seq = 0
         self.traj_start: dict[str, float] = {}
         self._t0: float | None = None
         self.reserved: dict[str, Reservation] = {}  # node -> its one reservation
         self.hints: dict[str, Welford] = {}  # per kind: log hints seen at submission
-        self.release_rate = OfferedLoad(self.opt.horizon_s)  # CPU slots freed per second
+        self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
+        self.active = 0
+        self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
+        self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
+        self.turn_time = Welford()  # expected action time at units.max
+        self.last_end: dict[str, float] = {}
+        self.rmax = 0
+        self.qmax = 0
+        self.release_rate = Rate(self.opt.horizon_s)  # CPU slots freed per second
         self.traj_n = 0
         self.traj_sum = 0.0
 
     # -- events -------------------------------------------------------------
+    def begin_trajectory(self, trajectory: str, now: float) -> None:
+        if not self.opt.admission:
+            return super().begin_trajectory(trajectory, now)
+        self.admission_queue[trajectory] = now
+
     def end_trajectory(self, trajectory: str, now: float) -> None:
         super().end_trajectory(trajectory, now)
+        if self.admission_queue.pop(trajectory, None) is None and self.opt.admission:
+            self.active -= 1
+        self.last_end.pop(trajectory, None)
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
@@ -137,6 +154,14 @@ class TangramPolicy(Policy):
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
             self.traj_start[spec.trajectory] = now
         est = self.est.expected(spec)
+        if spec.trajectory is not None:
+            t_end = self.last_end.get(spec.trajectory)
+            if t_end is not None:
+                self.gaps.add(now - t_end)
+            u = spec.units_max if self.opt.admission_at_max else spec.units_min
+            t_u = est * spec.scale(u)
+            self.turn_time.add(t_u)
+            self.turn_work.add(t_u * u if spec.resource == "cpu" else 0.0)
         if spec.hint_s:
             w = self.hints.get(spec.kind)
             if w is None:
@@ -151,17 +176,18 @@ class TangramPolicy(Policy):
         heappush(q, (self.opt.aging * now + est, self._seq, aid))
         self._seq += 1
         self.qmin[pool] += spec.units_min
-        off = self.offered.get(pool)
-        if off is None:
-            off = self.offered[pool] = OfferedLoad(self.opt.horizon_s)
-        off.add(now, est * spec.units_min)
+        if pool == "cpu":
+            self.qmax += spec.units_max
         self.dirty[pool] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
+        if r.spec.trajectory is not None and r.spec.trajectory in self.traj_start:
+            self.last_end[r.spec.trajectory] = now
         if r.spec.resource != "gpu":
             self.rmin[r.spec.resource] -= r.spec.units_min
             if r.spec.resource == "cpu":
                 self.release_rate.add(now, r.units)
+                self.rmax -= r.spec.units_max
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
         self._freed(r.spec)
@@ -172,6 +198,8 @@ class TangramPolicy(Policy):
         if r is not None:
             if r.spec.resource != "gpu":
                 self.rmin[r.spec.resource] -= r.spec.units_min
+                if r.spec.resource == "cpu":
+                    self.rmax -= r.spec.units_max
             self._freed(r.spec)
         return done
 
@@ -190,6 +218,7 @@ class TangramPolicy(Policy):
                 if rv.held:
                     self.cpu.give(node, rv.held)
                 self.rmin["cpu"] -= rv.p.spec.units_min
+                self.rmax -= rv.p.spec.units_max
                 self.dirty["cpu"] = None
                 return True
         p = self.pending.pop(aid, None)
@@ -197,6 +226,8 @@ class TangramPolicy(Policy):
             return False
         pool = p.spec.model if p.spec.resource == "gpu" else p.spec.resource
         self.qmin[pool] -= p.spec.units_min  # the heap entry is skipped lazily
+        if pool == "cpu":
+            self.qmax -= p.spec.units_max
         return True
 
     def _capacity_changed(self) -> None:
@@ -211,6 +242,8 @@ class TangramPolicy(Policy):
 
     # -- decisions --------------------------------------------------------------
     def _schedule(self, now: float, out: list[Decision]) -> None:
+        if self.admission_queue:
+            self._admit(now, out)
         dirty, self.dirty = self.dirty, {}
         for pool in dirty:
             if pool == "cpu":
@@ -219,6 +252,30 @@ class TangramPolicy(Policy):
                 self._drain_api(now, out)
             else:
                 self._drain_gpu(pool, now, out)
+
+    def _admit(self, now: float, out: list[Decision]) -> None:
+        """Admit trajectories while expected CPU demand stays under target occupancy (Little's law).
+
+        Demand of one active trajectory = CPU unit-seconds per turn (at units.max)
+        / (LLM gap + action time), all learned from what was submitted so far.
+        """
+        cap = max(self.cpu.total, 1)
+        max_wait = math.inf
+        if self.gaps.n >= 16 and self.turn_work.n >= 16:
+            cycle = self.gaps.mean + self.turn_time.mean
+            demand = self.turn_work.mean / max(cycle, 1e-6)
+            limit = self.opt.admission * cap / max(demand, 1e-6)
+            max_wait = self.opt.admission_cycles * cycle
+        else:
+            limit = cap  # nothing learned yet: one trajectory per slot
+        while self.admission_queue:
+            t, asked = next(iter(self.admission_queue.items()))
+            if self.active >= limit and now - asked < max_wait:
+                break
+            del self.admission_queue[t]
+            self.active += 1
+            self.last_end[t] = now
+            out.append(Admit(t))
 
     def _head(self, q: list) -> tuple[ActionId, Pending] | None:
         pending = self.pending
@@ -234,6 +291,9 @@ class TangramPolicy(Policy):
         heappop(self.queues[pool])
         p = self.pending.pop(aid)
         self.qmin[pool] -= p.spec.units_min
+        if pool == "cpu":
+            self.qmax -= p.spec.units_max
+            self.rmax += p.spec.units_max
         return p
 
     def _drain_cpu(self, now: float, out: list[Decision]) -> None:
@@ -263,7 +323,7 @@ class TangramPolicy(Policy):
             self._take_head("cpu", aid)
             self.rmin["cpu"] += need
             room = cpu.free[node]
-            want = spec.units_max if self._elephant(spec, p.est) else 0
+            want = min(spec.units_max, cpu.capacity[node]) if self._elephant(spec, p.est) else 0
             if want > room and node not in self.reserved:
                 wait = self._expected_wait(want - room, now)
                 gain = p.est * (spec.scale(room) - spec.scale(want))
@@ -307,13 +367,15 @@ class TangramPolicy(Policy):
             if node not in cpu.free:  # the node left
                 del self.reserved[node]
                 self.rmin["cpu"] -= rv.p.spec.units_min
+                self.rmax -= rv.p.spec.units_max
                 self._requeue(rv.aid, rv.p)
                 continue
             extra = min(cpu.free[node], rv.want - rv.held)
             if extra:
                 cpu.take(node, extra)
                 rv.held += extra
-            if rv.held >= rv.want or (now >= rv.deadline and rv.held >= rv.p.spec.units_min):
+            idle_node = cpu.free[node] == 0 and rv.held == cpu.capacity[node]  # nothing else will free here
+            if rv.held >= rv.want or idle_node or (now >= rv.deadline and rv.held >= rv.p.spec.units_min):
                 del self.reserved[node]
                 spec = rv.p.spec
                 out.append(self._start_cpu(rv.aid, spec, node, rv.held, now, rv.p.est * spec.scale(rv.held),
@@ -341,14 +403,7 @@ class TangramPolicy(Policy):
         hi = min(spec.units_max, room, lo + max(spare, 0))
         if hi <= lo or spec.parallel_fraction == 0.0:
             return lo
-        sig = self.opt.load_signal
-        occ = (self.rmin[pool] + self.qmin[pool] + lo) / max(capacity, 1)
-        if sig == 0:
-            rho = occ
-        else:
-            rho = self.offered[pool].rate(now) / max(capacity, 1)
-            if sig == 2:
-                rho = max(rho, occ)
+        rho = (self.rmin[pool] + self.qmin[pool] + lo) / max(capacity, 1)  # min-unit demand / capacity
         budget = self.opt.target_load / rho if rho > 0 else math.inf
         if self.opt.makespan:
             budget *= 1.0 + self.opt.makespan * est / self._t_ref(now)
