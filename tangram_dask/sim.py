@@ -160,7 +160,7 @@ class Simulator:
                     a = x
                     issue[a] = now
                     k = kind[a]
-                    sp = kinds[k].spec(hint[a], names[traj_of[a]])
+                    sp = proto[k].instance(hint[a], names[traj_of[a]])
                     if timing:
                         t0 = perf()
                         pol.submit(a, sp, now)

@@ -81,6 +81,19 @@ class ActionSpec:
             return 1.0
         return amdahl(self.units_min, p) / amdahl(k, p)
 
+    def instance(self, hint_s: float | None, trajectory: str | None) -> "ActionSpec":
+        """A copy with another hint and trajectory, without re-validating the kind's fields.
+
+        For callers that validated this spec once (the simulator issues ~1M
+        actions of a handful of kinds); ``hint_s`` must be a number >= 0 or None.
+        """
+        o = _new(ActionSpec)
+        for name in _FIELDS:
+            _set(o, name, getattr(self, name))
+        _set(o, "hint_s", hint_s)
+        _set(o, "trajectory", trajectory)
+        return o
+
     # -- wire form (a Dask annotation is a plain dict) -------------------
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -95,6 +108,11 @@ class ActionSpec:
         if unknown:
             raise SpecError(unknown[0], d[unknown[0]], f"unknown field; known fields are {', '.join(sorted(known))}")
         return cls(**d)
+
+
+_new = object.__new__
+_set = object.__setattr__
+_FIELDS = tuple(ActionSpec.__dataclass_fields__)
 
 
 def make_spec(

@@ -113,6 +113,8 @@ class TangramPolicy(Policy):
         self.traj_start: dict[str, float] = {}
         self._t0: float | None = None
         self.reserved: dict[str, Reservation] = {}  # node -> its one reservation
+        self.home_wait: dict[str, dict[ActionId, Pending]] = {}  # node -> stateful actions waiting for it
+        self.home_deadlines: list[tuple[float, int, ActionId, str]] = []
         self.hints: dict[str, Welford] = {}  # per kind: log hints seen at submission
         self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
         self.active = 0
@@ -154,7 +156,7 @@ class TangramPolicy(Policy):
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
             self.traj_start[spec.trajectory] = now
         est = self.est.expected(spec)
-        if spec.trajectory is not None:
+        if self.opt.admission and spec.trajectory is not None:
             t_end = self.last_end.get(spec.trajectory)
             if t_end is not None:
                 self.gaps.add(now - t_end)
@@ -181,7 +183,7 @@ class TangramPolicy(Policy):
         self.dirty[pool] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
-        if r.spec.trajectory is not None and r.spec.trajectory in self.traj_start:
+        if self.opt.admission and r.spec.trajectory is not None and r.spec.trajectory in self.traj_start:
             self.last_end[r.spec.trajectory] = now
         if r.spec.resource != "gpu":
             self.rmin[r.spec.resource] -= r.spec.units_min
@@ -212,6 +214,12 @@ class TangramPolicy(Policy):
             self.dirty[spec.resource] = None
 
     def _drop_pending(self, aid: ActionId) -> bool:
+        for node, waiting in self.home_wait.items():
+            p = waiting.pop(aid, None)
+            if p is not None:
+                self.qmin["cpu"] -= p.spec.units_min
+                self.qmax -= p.spec.units_max
+                return True
         for node, rv in self.reserved.items():
             if rv.aid == aid:
                 del self.reserved[node]
@@ -300,6 +308,8 @@ class TangramPolicy(Policy):
         q, cpu, home = self.queues["cpu"], self.cpu, self.home
         if self.reserved:
             self._serve_reservations(now, out)
+        if self.home_wait:
+            self._serve_home(now, out)
         while True:
             head = self._head(q)
             if head is None:
@@ -312,8 +322,13 @@ class TangramPolicy(Policy):
             node = None
             if spec.affinity == "trajectory":
                 h = home.get(spec.trajectory)
-                if h is not None and cpu.free.get(h, 0) >= need and h not in self.reserved:
-                    node = h
+                if h is not None and h in cpu.free:
+                    if cpu.free[h] >= need and h not in self.reserved:
+                        node = h
+                    elif self._expected_wait(need, now) < spec.restore_s:
+                        self._take_head("cpu", aid)
+                        self._wait_home(aid, p, h, now)
+                        continue
             if node is None:
                 node = cpu.most_free()
                 if node in self.reserved:
@@ -333,6 +348,53 @@ class TangramPolicy(Policy):
                     continue
             k = self._units(spec, room, cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now, p.est)
             out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+
+    def _wait_home(self, aid: ActionId, p: Pending, node: str, now: float) -> None:
+        """Park a stateful action on its home node until a slot frees there or restore_s passes."""
+        self.home_wait.setdefault(node, {})[aid] = p
+        self.qmax += p.spec.units_max  # still waiting: undo _take_head's running count
+        self.rmax -= p.spec.units_max
+        self.qmin["cpu"] += p.spec.units_min
+        heappush(self.home_deadlines, (now + p.spec.restore_s, self._seq, aid, node))
+        self._seq += 1
+
+    def _serve_home(self, now: float, out: list[Decision]) -> None:
+        cpu = self.cpu
+        for node in list(self.home_wait):
+            waiting = self.home_wait[node]
+            while waiting and cpu.free.get(node, 0) >= next(iter(waiting.values())).spec.units_min \
+                    and node not in self.reserved:
+                aid, p = next(iter(waiting.items()))
+                del waiting[aid]
+                self._start_waiting(aid, p, node, now, out)
+            if not waiting:
+                del self.home_wait[node]
+        dl = self.home_deadlines
+        while dl and (dl[0][0] <= now or dl[0][2] not in self.home_wait.get(dl[0][3], ())):
+            _, _, aid, node = heappop(dl)
+            waiting = self.home_wait.get(node)
+            if waiting is None or aid not in waiting:
+                continue
+            p = waiting.pop(aid)
+            if not waiting:
+                del self.home_wait[node]
+            other = cpu.most_free() if cpu.max_free >= p.spec.units_min else None
+            if other is None or other in self.reserved:
+                self.qmin["cpu"] -= p.spec.units_min
+                self.qmax -= p.spec.units_max
+                self._requeue(aid, p)
+            else:
+                self._start_waiting(aid, p, other, now, out)
+
+    def _start_waiting(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
+        spec = p.spec
+        self.qmin["cpu"] -= spec.units_min
+        self.qmax -= spec.units_max
+        self.rmax += spec.units_max
+        self.rmin["cpu"] += spec.units_min
+        k = self._units(spec, self.cpu.free[node], self.cpu.total_free - self.qmin["cpu"] - spec.units_min,
+                        self.cpu.total, "cpu", now, p.est)
+        out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
         """In the top tail of its kind: long enough to set the step's end on its own."""
