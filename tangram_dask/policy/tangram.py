@@ -40,7 +40,7 @@ class TangramOptions:
     """Knobs of the tangram policy (defaults are what docs/scheduling.md justifies)."""
 
     aging: float = 1.0          # priority gained per second waited, in seconds of est work
-    target_load: float = 0.9    # inefficiency budget: elastic units while offered load x inefficiency <= this
+    price: float = 0.5          # price of a unit-second at occupancy rho is price * rho / (1 - rho)
     horizon_s: float = 30.0     # time constant of the observed slot-release rate
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
@@ -460,19 +460,27 @@ class TangramPolicy(Policy):
 
     def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: str, now: float,
                est: float) -> int:
-        """Elastic size: the largest k whose extra unit-seconds fit the inefficiency budget."""
+        """Elastic size: add a unit while the seconds it saves, per extra unit-second it
+        costs, exceed the pool's price (zero when idle, unbounded when saturated)."""
         lo = spec.units_min
         hi = min(spec.units_max, room, lo + max(spare, 0))
         if hi <= lo or spec.parallel_fraction == 0.0:
             return lo
         rho = (self.rmin[pool] + self.qmin[pool] + lo) / max(capacity, 1)  # min-unit demand / capacity
-        budget = self.opt.target_load / rho if rho > 0 else math.inf
+        if rho >= 1.0:
+            return lo
+        price = self.opt.price * rho / (1.0 - rho)
         if self.opt.makespan:
-            budget *= 1.0 + self.opt.makespan * est / self._t_ref(now)
-        for k in range(hi, lo, -1):
-            if k * spec.scale(k) / lo <= budget:
-                return k
-        return lo
+            price /= 1.0 + self.opt.makespan * est / self._t_ref(now)
+        k, s_k = lo, 1.0
+        while k < hi:
+            s_next = spec.scale(k + 1)
+            saved = s_k - s_next                     # seconds saved per second of work on lo units
+            extra = (k + 1) * s_next - k * s_k       # extra unit-seconds per second of work
+            if extra > 0 and saved < price * extra:
+                break
+            k, s_k = k + 1, s_next
+        return k
 
     # -- GPUs -------------------------------------------------------------------
     def _drain_gpu(self, model: str, now: float, out: list[Decision]) -> None:
