@@ -1,26 +1,33 @@
-"""``tangram``: action-level elastic scheduling. See docs/scheduling.md.
+"""``tangram``: action-level elastic scheduling. The algorithm: docs/scheduling.md.
 
-Pure: no Dask import. Per resource pool (CPU slots, API tokens, each model's
-GPU replicas) a heap of waiting actions, in phases:
+Pure: no Dask import. One heap of waiting actions per pool (CPU slots, API
+tokens, each model's GPU replicas); each decision goes through small phases:
 
-1. **order**: key = ``aging * issued_at + est``, est the posterior expected
-   work (hint blended with the kind's history). Shortest expected work first,
-   and no action waits forever: a newcomer's key grows with the clock.
-2. **fit**: the head starts only if its ``units.min`` fit somewhere; if not,
-   the pool stops (the head keeps its claim on the next free units).
-3. **place**: a stateful action goes home (no restore) when home has room;
-   otherwise the node with the most free slots. A GPU action takes a ready
-   replica of its model, or, when the backlog on that model outlasts a load,
-   a new replica inside one topology group (evicting idle replicas of models
-   nobody waits for).
-4. **size**: elastic units. Spare units beyond what the queue needs are
-   granted while the extra unit-seconds fit an inefficiency budget set by the
-   offered load: all the speedup when the pool is idle, ``units.min`` when
-   it is saturated.
-5. **reserve**: the ledger takes the units; ``finish`` gives them back.
+1. **order** (``submit``): key = ``aging * issued_at + est``; ``est`` is the
+   posterior expected work (the hint blended with the kind's history, see
+   :mod:`.estimate`). Shortest expected work first; the clock term bounds
+   any wait (no starvation).
+2. **fit** (``_drain_*``): the head starts only if its ``units.min`` fit; if
+   not, the pool stops, so the head keeps its claim on the next free units.
+3. **place**: a stateful action goes home; if home is full it waits there
+   while that is expected to beat a restore (``_wait_home``). Others go to the
+   node with the most free slots. A GPU action takes a ready replica of its
+   model inside one topology group, or a new replica when the model's backlog
+   outlasts a load (``_load_site``: idle GPUs of one group, evicting idle
+   replicas of models nobody waits for).
+4. **size** (``_units``): add a unit while the seconds it saves per extra
+   unit-second beat the pool's price ``price * rho / (1 - rho)``; long
+   actions weigh more (the step ends with its longest trajectory), and an
+   elephant (top tail of its kind's hints) reserves slots on one node rather
+   than start small (``Reservation``).
+5. **reserve / release**: the ledger takes and returns units (:mod:`.ledger`).
 
-Each decision costs O(log n) in the pending actions and O(1) amortised in
-the nodes (the ledger indexes nodes by free slots).
+Optionally (``admission > 0``) trajectories are admitted only while the
+expected CPU demand (Little's law, learned) stays under a target.
+
+Cost per decision: O(log n) in the pending actions, O(1) amortised in the
+number of nodes (the ledger indexes nodes by free slots); GPU loads scan the
+topology groups, and they are rare.
 """
 
 from __future__ import annotations
