@@ -21,6 +21,11 @@ _LAZY = {
     "ANNOTATION": "annotate",
     "current_allocation": "allocation",
     "Allocation": "allocation",
+    "run_code": "sandbox",
+    "run_command": "sandbox",
+    "end_trajectory": "sandbox",
+    "RunResult": "sandbox",
+    "SandboxPlugin": "sandbox",
 }
 
 __all__ = [

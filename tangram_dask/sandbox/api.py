@@ -1,0 +1,133 @@
+"""The user API: run code or a command in a sandbox, inside an action.
+
+    result = tangram_dask.run_code("print(sum(range(10)))", timeout=10)
+    result = tangram_dask.run_command(["pytest", "-x"], files={"test_a.py": src})
+    result.reason, result.exit_code, result.stdout, result.wall_s ...
+
+Inside a Dask task on a worker with the ``tangram-sandbox`` plugin, the pool is
+the worker's and the CPUs are those the scheduler granted the action
+(:func:`tangram_dask.current_allocation`: 1 outside a scheduled action). Outside
+Dask, pass ``pool=`` a :class:`SandboxPool`. These calls block: call them from a
+task (a worker thread), never from the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..errors import SandboxError
+from .pool import SandboxPool
+from .result import RunResult
+
+PLUGIN_NAME = "tangram-sandbox"
+
+
+def current_pool() -> SandboxPool:
+    """The sandbox pool of the worker running this task."""
+    try:
+        from distributed import get_worker
+        worker = get_worker()
+    except (ImportError, ValueError):
+        raise SandboxError("no sandbox pool here: call run_code/run_command inside a Dask task on a worker "
+                           "with the sandbox plugin (client.register_plugin(SandboxPlugin())), or pass "
+                           "pool=SandboxPool(...)") from None
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    pool = getattr(plugin, "pool", None)
+    if pool is None:
+        raise SandboxError(f"worker {worker.address} has no {PLUGIN_NAME!r} plugin: register it with "
+                           "client.register_plugin(tangram_dask.sandbox.SandboxPlugin()) before submitting")
+    return pool
+
+
+def _grant(units: int | None, trajectory: str | None) -> tuple[int, str | None]:
+    """Units and trajectory: the explicit ones, else the running action's grant, else 1 and none."""
+    from ..allocation import current_allocation
+
+    alloc = current_allocation()
+    if units is None:
+        units = alloc.units if alloc is not None else 1
+    if trajectory is None and alloc is not None and alloc.affinity == "trajectory":
+        trajectory = alloc.trajectory
+    return units, trajectory
+
+
+def _run(pool: SandboxPool | None, units: int | None, trajectory: str | None, limits: dict[str, Any],
+         **kwargs: Any) -> RunResult:
+    pool = pool if pool is not None else current_pool()
+    units, trajectory = _grant(units, trajectory)
+    lim = pool.options.limits.merged(**limits)
+    with pool.acquire(units, trajectory) as lease:
+        return lease.run(limits=lim, **kwargs)
+
+
+def run_code(code: str, stdin: str | bytes | None = None, timeout: float | None = None, *,
+             files: Mapping[str, str | bytes] | None = None, env: Mapping[str, str] | None = None,
+             memory_bytes: int | None = None, cpu_s: float | None = None, output_bytes: int | None = None,
+             file_bytes: int | None = None, units: int | None = None, trajectory: str | None = None,
+             pool: SandboxPool | None = None) -> RunResult:
+    """Run Python source in a warm sandbox; the result says how it ended (never raises for the code).
+
+    Limits not given (None) are the pool's: ``timeout`` (wall seconds, 10 by
+    default), ``memory_bytes``, ``cpu_s``, ``output_bytes``, ``file_bytes``. ``trajectory``: run in that trajectory's
+    working dir (kept between its actions on this node); by default the running
+    action's trajectory if it has ``affinity='trajectory'``.
+    """
+    if not isinstance(code, str):
+        raise SandboxError(f"code must be Python source as a str, got {type(code).__name__}")
+    return _run(pool, units, trajectory,
+                dict(timeout_s=timeout, memory_bytes=memory_bytes, cpu_s=cpu_s, output_bytes=output_bytes,
+                     file_bytes=file_bytes),
+                code=code, stdin=stdin, files=files, env=env)
+
+
+def run_command(argv: Sequence[str], files: Mapping[str, str | bytes] | None = None,
+                stdin: str | bytes | None = None, timeout: float | None = None, *,
+                env: Mapping[str, str] | None = None,
+                memory_bytes: int | None = None, cpu_s: float | None = None, output_bytes: int | None = None,
+                file_bytes: int | None = None, units: int | None = None, trajectory: str | None = None,
+                pool: SandboxPool | None = None) -> RunResult:
+    """Run a command (``["pytest", "-x"]``) in a warm sandbox, after writing ``files`` into its working dir."""
+    if isinstance(argv, str):
+        raise SandboxError(f"command {argv!r}: pass a list of arguments, e.g. {argv.split()!r}")
+    return _run(pool, units, trajectory,
+                dict(timeout_s=timeout, memory_bytes=memory_bytes, cpu_s=cpu_s, output_bytes=output_bytes,
+                     file_bytes=file_bytes),
+                argv=list(argv), stdin=stdin, files=files, env=env)
+
+
+def end_trajectory(trajectory: str, pool: SandboxPool | None = None) -> bool:
+    """Remove a trajectory's working dir on this node; True if it had one. Safe to call twice."""
+    return (pool if pool is not None else current_pool()).end_trajectory(trajectory)
+
+
+def snapshot_trajectory(trajectory: str, pool: SandboxPool | None = None) -> bytes:
+    """A trajectory's working dir on this node, as tar.gz bytes."""
+    return (pool if pool is not None else current_pool()).snapshot_trajectory(trajectory)
+
+
+def restore_trajectory(trajectory: str, data: bytes, pool: SandboxPool | None = None) -> None:
+    """Make a trajectory's working dir on this node from a snapshot taken on another."""
+    (pool if pool is not None else current_pool()).restore_trajectory(trajectory, data)
+
+
+# -- cluster-side helpers (for the client or the scheduler side) ----------------
+
+def _on_worker(fn: str, *args: Any, dask_worker: Any = None) -> Any:
+    plugin = dask_worker.plugins.get(PLUGIN_NAME) if dask_worker is not None else None
+    if plugin is None or getattr(plugin, "pool", None) is None:
+        raise SandboxError(f"worker has no {PLUGIN_NAME!r} plugin: register SandboxPlugin first")
+    return getattr(plugin.pool, fn)(*args)
+
+
+def move_trajectory(client: Any, trajectory: str, source: str, destination: str) -> int:
+    """Move a trajectory's working dir from worker ``source`` to ``destination``; the bytes moved."""
+    data = client.run(_on_worker, "snapshot_trajectory", trajectory, workers=[source])[source]
+    client.run(_on_worker, "restore_trajectory", trajectory, data, workers=[destination])
+    client.run(_on_worker, "end_trajectory", trajectory, workers=[source])
+    return len(data)
+
+
+def end_trajectory_everywhere(client: Any, trajectory: str) -> list[str]:
+    """End a trajectory on every worker; the addresses of those that had its dir."""
+    done = client.run(_on_worker, "end_trajectory", trajectory)
+    return sorted(addr for addr, had in done.items() if had)

@@ -1,0 +1,51 @@
+"""The Dask worker plugin that owns a worker's warm sandbox pool.
+
+    client.register_plugin(SandboxPlugin(backend="auto", memory_bytes=512 * 2**20))
+
+Options are checked here, in the client, so a wrong one fails at once. On each
+worker, ``setup`` starts the pool (its size: the option, else the worker's
+``slots`` resource, else its threads) in the worker's local directory;
+``teardown`` closes every sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+from typing import Any
+
+from distributed import WorkerPlugin
+
+from .api import PLUGIN_NAME
+from .options import PoolOptions
+from .pool import SandboxPool
+
+
+class SandboxPlugin(WorkerPlugin):
+    """Warm sandboxes on every worker, for ``run_code``/``run_command`` in actions."""
+
+    name = PLUGIN_NAME
+    idempotent = False
+
+    def __init__(self, options: PoolOptions | None = None, **kwargs: Any):
+        # raises SandboxError for an unknown or bad option, naming it
+        self.options = options if options is not None else PoolOptions.from_kwargs(**kwargs)
+        self.pool: SandboxPool | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "pool": None}
+
+    async def setup(self, worker: Any) -> None:
+        size = self.options.size
+        if size is None:
+            slots = worker.state.total_resources.get("slots")
+            size = int(slots) if slots else worker.state.nthreads
+        root = self.options.root or os.path.join(worker.local_directory, "tangram-sandbox")
+        self.pool = SandboxPool(replace(self.options, size=max(1, size), root=root))
+        await asyncio.to_thread(self.pool.start)
+
+    async def teardown(self, worker: Any) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.close)

@@ -1,0 +1,427 @@
+"""A worker's warm pool of sandboxes.
+
+The pool keeps ``size`` sandboxes started; background *starter* threads (at most
+``max_starting``, so at most that many start at once) fill it, replace the ones
+recycled, and sweep expired trajectory dirs. :meth:`SandboxPool.acquire` hands
+out a ready one (microseconds when warm; a cold start when none is) with the
+CPUs granted to the action; :meth:`Lease.release` resets it for the next
+action (a wipe of two directories), or recycles it after ``max_uses`` actions
+or on any sign of damage. A sandbox never goes from one trajectory to another
+with state in it: a trajectory's dir is moved in and out around its action.
+
+All methods are blocking and thread-safe; call them from worker threads, never
+from the event loop. The starter threads live as long as the pool: a sandbox
+dies with the thread that started it (``PR_SET_PDEATHSIG``), so no short-lived
+thread ever starts one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+from ..errors import SandboxError
+from .backends import Sandbox, choose_backend, code_uid, containment
+from .options import Limits, PoolOptions
+from .result import RunResult
+from .workspace import Workspaces
+
+logger = logging.getLogger("tangram_dask.sandbox")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """A snapshot of a pool, for dashboards and tests."""
+
+    backend: str
+    size: int
+    ready: int
+    in_use: int
+    starting: int
+    started: int
+    recycled: int
+    failed_starts: int
+    trajectories: int
+    network: str
+
+
+class Lease:
+    """One sandbox lent to one action, with its CPUs. Release it exactly once (twice is safe)."""
+
+    def __init__(self, pool: "SandboxPool", box: Sandbox, cpus: tuple[int, ...], trajectory: str | None,
+                 acquire_s: float):
+        self.pool = pool
+        self.sandbox = box
+        self.cpus = cpus
+        self.trajectory = trajectory
+        self.acquire_s = acquire_s
+        self._released = False
+
+    @property
+    def units(self) -> int:
+        return len(self.cpus)
+
+    def write_files(self, files: Mapping[str, str | bytes]) -> None:
+        """Write files into the working dir (paths relative to it)."""
+        box = self.sandbox
+        for rel, content in files.items():
+            p = PurePosixPath(rel)
+            if p.is_absolute() or not p.parts or ".." in p.parts:
+                raise SandboxError(f"file name {rel!r}: must be a relative path inside the working dir "
+                                   "(no leading '/', no '..')")
+            target = box.work.joinpath(*p.parts)
+            for parent in reversed(target.relative_to(box.work).parents):
+                d = box.work / parent
+                if not d.exists():
+                    d.mkdir()
+                    self.pool._chown(d)
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            with open(target, "wb") as f:
+                f.write(data)
+            self.pool._chown(target)
+
+    def run(self, *, code: str | None = None, argv: list[str] | None = None, stdin: str | bytes | None = None,
+            files: Mapping[str, str | bytes] | None = None, env: Mapping[str, str] | None = None,
+            limits: Limits | None = None) -> RunResult:
+        """Run code (Python source) or a command (argv) in this lease's sandbox."""
+        if self._released:
+            raise SandboxError("this sandbox lease was released; acquire a new one from the pool")
+        if (code is None) == (argv is None):
+            raise SandboxError("pass exactly one of code= (Python source) or argv= (a command)")
+        if argv is not None and (not isinstance(argv, (list, tuple)) or not argv
+                                 or not all(isinstance(a, str) for a in argv)):
+            raise SandboxError(f"command {argv!r}: must be a non-empty list of strings, e.g. ['pytest', '-x']")
+        if files:
+            self.write_files(files)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        req = {"code": code, "argv": list(argv) if argv is not None else None, "stdin": data, "env": dict(env or {})}
+        return self.sandbox.run(req, limits or self.pool.options.limits, self.cpus)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.pool._release(self)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class SandboxPool:
+    """Warm sandboxes for one worker. ``SandboxPool(size=2).start()``, or a ``with`` block."""
+
+    def __init__(self, options: PoolOptions | None = None, **kwargs: Any):
+        if options is not None and kwargs:
+            raise SandboxError("pass either options= or keyword options, not both")
+        self.options = options if options is not None else PoolOptions.from_kwargs(**kwargs)
+        self.size = self.options.size or 1
+        self.backend: type[Sandbox] | None = None
+        self.root: Path | None = None
+        self.workspaces: Workspaces | None = None
+        self._own_root = False
+        self._cond = threading.Condition()
+        self._ready: deque[Sandbox] = deque()
+        self._boxes: set[Sandbox] = set()
+        self._in_use = 0
+        self._starting = 0
+        self._waiters = 0
+        self._started = 0
+        self._recycled = 0
+        self._failed = 0
+        self._failing = 0  # consecutive failed starts
+        self._last_error: BaseException | None = None
+        self._closed = False
+        self._jobs: queue.Queue[tuple[str, Sandbox | None] | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._ids = itertools.count(1)
+        self._cpu_load = {c: 0 for c in sorted(os.sched_getaffinity(0))} if hasattr(os, "sched_getaffinity") else {}
+        self._network = "unknown"
+
+    # -- life -------------------------------------------------------------------
+    def start(self) -> "SandboxPool":
+        """Pick the backend, make the root dir, start filling in the background; returns at once."""
+        if self.backend is not None:
+            return self
+        self.backend = choose_backend(self.options.backend)
+        if self.options.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="tangram-sandbox-"))
+            self._own_root = True
+        else:
+            self.root = Path(self.options.root)
+            self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)
+        (self.root / "boxes").mkdir(exist_ok=True, mode=0o711)
+        uid = code_uid(self.options, self.backend.name)
+        self.workspaces = Workspaces(self.root / "trajectories", uid, self.options.trajectory_ttl_s)
+        self._uid = uid
+        threats = containment(self.backend.name, self.options)
+        weak = [f"{c.threat} ({c.level}: {c.why})" for c in threats.values() if not c.contained]
+        logger.info("tangram sandbox pool: backend=%s size=%d max_starting=%d code uid=%s root=%s",
+                    self.backend.name, self.size, self.options.max_starting,
+                    "worker's own" if uid is None else uid, self.root)
+        if weak:
+            logger.warning("tangram sandbox backend %r does not fully contain: %s", self.backend.name, "; ".join(weak))
+        for i in range(self.options.max_starting):
+            t = threading.Thread(target=self._starter, name=f"tangram-sandbox-starter-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        with self._cond:
+            self._plan()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until ``size`` sandboxes are ready (or the timeout passes); True if they are."""
+        deadline = time.monotonic() + (timeout if timeout is not None else self.options.start_timeout_s)
+        with self._cond:
+            failed_before = self._failed
+            while len(self._ready) < self.size:
+                self._check_open()
+                self._raise_if_failing(failed_before)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self) -> None:
+        """Stop every sandbox (running ones too) and the threads; remove the root if the pool made it."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            boxes = list(self._boxes)
+            self._ready.clear()
+            self._cond.notify_all()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+        for box in boxes:
+            box.close()
+        if self._own_root and self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "SandboxPool":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- lending ------------------------------------------------------------------
+    def acquire(self, units: int = 1, trajectory: str | None = None, timeout: float | None = None) -> Lease:
+        """A ready sandbox with ``units`` CPUs; with ``trajectory``, its working dir is that trajectory's."""
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise SandboxError(f"units = {units!r}: must be a whole number >= 1")
+        if self.backend is None:
+            self.start()
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + (timeout if timeout is not None else self.options.start_timeout_s)
+        with self._cond:
+            self._check_open()
+            self._waiters += 1
+            failed_before = self._failed
+            try:
+                while not self._ready:
+                    self._plan()
+                    self._raise_if_failing(failed_before)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SandboxError(f"no sandbox became ready within {deadline - t0:.1f} s "
+                                           f"({self._starting} starting, {self._in_use} in use); raise "
+                                           "max_starting or size, or check the worker's load")
+                    self._cond.wait(left)
+                    self._check_open()
+                box = self._ready.popleft()
+            finally:
+                self._waiters -= 1
+            self._in_use += 1
+            cpus = self._take_cpus(units)
+            self._plan()
+        acquire_s = time.perf_counter() - t0
+        lease = Lease(self, box, cpus, trajectory, acquire_s)
+        if trajectory is not None:
+            try:
+                assert self.workspaces is not None
+                self.workspaces.checkout(trajectory, box.work, timeout_s=self.options.start_timeout_s)
+            except BaseException:
+                lease.trajectory = None
+                lease.release()
+                raise
+        return lease
+
+    def run(self, *, units: int = 1, trajectory: str | None = None, **kwargs: Any) -> RunResult:
+        """Acquire, run once, release."""
+        with self.acquire(units, trajectory) as lease:
+            return lease.run(**kwargs)
+
+    def _release(self, lease: Lease) -> None:
+        box = lease.sandbox
+        if lease.trajectory is not None and self.workspaces is not None:
+            try:
+                self.workspaces.checkin(lease.trajectory, box.work)
+            except OSError as e:
+                box.damaged = f"the trajectory dir could not be moved back: {e}"
+        keep = not self._closed and box.reset()
+        with self._cond:
+            self._in_use -= 1
+            for c in lease.cpus:
+                if c in self._cpu_load:
+                    self._cpu_load[c] -= 1
+            total = len(self._ready) + self._in_use + self._starting
+            if keep and not self._closed and total < self.size:
+                self._ready.append(box)
+            else:
+                self._recycled += 1
+                self._boxes.discard(box)
+                if self._closed:
+                    box.close()
+                else:
+                    self._jobs.put(("close", box))
+            self._plan()
+            self._cond.notify_all()
+
+    # -- trajectories -------------------------------------------------------------
+    def end_trajectory(self, trajectory: str) -> bool:
+        """Remove a trajectory's working dir on this node; True if there was one."""
+        return self._ws().end(trajectory)
+
+    def snapshot_trajectory(self, trajectory: str) -> bytes:
+        return self._ws().snapshot(trajectory)
+
+    def restore_trajectory(self, trajectory: str, data: bytes) -> None:
+        self._ws().restore(trajectory, data)
+
+    def sweep(self) -> list[str]:
+        """Remove trajectory dirs idle past the TTL now (the starters also do it periodically)."""
+        return self._ws().sweep()
+
+    def _ws(self) -> Workspaces:
+        if self.workspaces is None:
+            self.start()
+        assert self.workspaces is not None
+        return self.workspaces
+
+    # -- statistics -----------------------------------------------------------------
+    def statistics(self) -> PoolStats:
+        with self._cond:
+            return PoolStats(
+                backend=self.backend.name if self.backend else "", size=self.size, ready=len(self._ready),
+                in_use=self._in_use, starting=self._starting, started=self._started, recycled=self._recycled,
+                failed_starts=self._failed,
+                trajectories=len(self.workspaces.trajectories()) if self.workspaces else 0,
+                network=self._network,
+            )
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` sandboxes from now on (extra ones are closed as they come back)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise SandboxError(f"size = {size!r}: must be a whole number >= 1")
+        with self._cond:
+            self.size = size
+            while len(self._ready) + self._in_use + self._starting > size and self._ready:
+                box = self._ready.pop()
+                self._boxes.discard(box)
+                self._recycled += 1
+                self._jobs.put(("close", box))
+            self._plan()
+
+    # -- internals --------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed (the worker is shutting down); retry the action")
+
+    def _raise_if_failing(self, failed_before: int) -> None:
+        """Give up waiting once two starts in a row failed while we waited (the cause is not transient)."""
+        if self._failed - failed_before >= 2 and self._failing >= 2 and self._last_error is not None:
+            err = self._last_error
+            raise SandboxError(f"could not start a sandbox: {err}") from err
+
+    def _plan(self) -> None:
+        """Under the lock: queue the starts needed to keep ``size`` and to serve the waiters."""
+        if self._closed:
+            return
+        total = len(self._ready) + self._in_use + self._starting
+        want = max(self.size - total, self._waiters - len(self._ready) - self._starting, 0)
+        for _ in range(want):
+            self._starting += 1
+            self._jobs.put(("start", None))
+
+    def _take_cpus(self, units: int) -> tuple[int, ...]:
+        if not self._cpu_load:
+            return ()
+        chosen = sorted(self._cpu_load, key=lambda c: (self._cpu_load[c], c))[:units]
+        for c in chosen:
+            self._cpu_load[c] += 1
+        return tuple(sorted(chosen))
+
+    def _chown(self, p: Path) -> None:
+        if self._uid is not None:
+            os.lchown(p, self._uid, self._uid)
+
+    def _starter(self) -> None:
+        interval = min(60.0, self.options.trajectory_ttl_s / 4)
+        next_sweep = time.monotonic() + interval
+        while True:
+            try:
+                job = self._jobs.get(timeout=max(0.05, next_sweep - time.monotonic()))
+            except queue.Empty:
+                job = ("sweep", None)
+            if job is None:
+                return
+            what, box = job
+            if what == "close" and box is not None:
+                box.close()
+            elif what == "start":
+                self._start_one()
+            if time.monotonic() >= next_sweep and self.workspaces is not None:
+                next_sweep = time.monotonic() + interval
+                gone = self.workspaces.sweep()
+                if gone:
+                    logger.info("tangram sandbox: removed %d trajectory dirs idle past the TTL", len(gone))
+
+    def _start_one(self) -> None:
+        assert self.backend is not None and self.root is not None
+        if self._failing:
+            time.sleep(min(0.1 * 2 ** self._failing, 30.0))  # a backend that fails: do not spin
+        box = self.backend(self.root / "boxes" / f"b{next(self._ids)}", self.options)
+        try:
+            if self._closed:
+                raise SandboxError("pool closed")
+            box.start()
+        except BaseException as e:
+            box.close()
+            with self._cond:
+                self._starting -= 1
+                if not self._closed:
+                    self._failed += 1
+                    self._failing += 1
+                    self._last_error = e
+                    if self._failing == 1 or self._failing % 10 == 0:
+                        logger.warning("tangram sandbox: a %s sandbox failed to start (%d in a row): %s",
+                                       self.backend.name, self._failing, e)
+                    self._plan()  # try again, after a back-off (see above)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._starting -= 1
+            if self._closed:
+                box.close()
+                return
+            self._started += 1
+            self._failing = 0
+            self._network = str(box.info.get("net", "unknown"))
+            self._boxes.add(box)
+            self._ready.append(box)
+            self._cond.notify_all()

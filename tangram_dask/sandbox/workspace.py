@@ -1,0 +1,162 @@
+"""Stateful working directories for ``affinity='trajectory'`` actions.
+
+A trajectory's directory (a repository checkout, say) lives on the node under
+the pool's root, outside every sandbox. For an action of that trajectory it is
+*renamed* into the sandbox's working-dir slot (O(1), same filesystem) and renamed
+back afterwards, so a sandbox never sees another trajectory's files and the
+directory survives the sandbox being recycled.
+
+``snapshot`` packs it (tar.gz bytes) so the scheduler can ``restore`` it on
+another node when it moves the trajectory; ``end`` removes it; ``sweep``
+removes those unused for longer than the TTL (trajectories never ended).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..errors import SandboxError
+
+_SAFE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+class Workspaces:
+    """The trajectory directories of one node (one pool)."""
+
+    def __init__(self, root: str | os.PathLike[str], uid: int | None, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.root = Path(root)
+        self.uid = uid
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._last_used: dict[str, float] = {}
+
+    # -- naming ---------------------------------------------------------------
+    def path(self, trajectory: str) -> Path:
+        if not isinstance(trajectory, str) or not trajectory:
+            raise SandboxError(f"trajectory id {trajectory!r}: must be a non-empty string")
+        if _SAFE.fullmatch(trajectory):
+            return self.root / trajectory
+        name = "h-" + hashlib.sha256(trajectory.encode()).hexdigest()[:32]
+        return self.root / name
+
+    def _lock(self, trajectory: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(trajectory, threading.Lock())
+
+    def trajectories(self) -> list[str]:
+        with self._guard:
+            return sorted(self._last_used)
+
+    # -- an action's use --------------------------------------------------------
+    def checkout(self, trajectory: str, slot: Path, timeout_s: float) -> None:
+        """Move the trajectory's dir into ``slot`` (made if new); waits for its previous action."""
+        lock = self._lock(trajectory)
+        if not lock.acquire(timeout=timeout_s):
+            raise SandboxError(f"trajectory {trajectory!r}: its previous action still holds its working dir "
+                               f"after {timeout_s:g} s; run one action of a trajectory at a time")
+        try:
+            src = self.path(trajectory)
+            if not src.exists():
+                self.root.mkdir(parents=True, exist_ok=True)
+                src.mkdir(mode=0o700)
+                self._chown(src)
+            if slot.exists():
+                shutil.rmtree(slot)
+            os.rename(src, slot)
+            with self._guard:
+                self._last_used[trajectory] = self.clock()
+        except BaseException:
+            lock.release()
+            raise
+
+    def checkin(self, trajectory: str, slot: Path) -> None:
+        """Move the dir back out of ``slot`` after the action; lets the next action of it go."""
+        lock = self._lock(trajectory)
+        try:
+            if slot.is_dir() and not slot.is_symlink():
+                os.rename(slot, self.path(trajectory))
+            with self._guard:
+                self._last_used[trajectory] = self.clock()
+        finally:
+            if lock.locked():
+                lock.release()
+
+    # -- moving and ending ------------------------------------------------------
+    def snapshot(self, trajectory: str) -> bytes:
+        """The trajectory's dir as tar.gz bytes (empty archive if it has none here)."""
+        with self._lock(trajectory):
+            src = self.path(trajectory)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+                if src.is_dir():
+                    tar.add(src, arcname=".", recursive=True)  # symlinks are stored as links, not followed
+            return buf.getvalue()
+
+    def restore(self, trajectory: str, data: bytes) -> None:
+        """Replace the trajectory's dir with a snapshot (from another node)."""
+        with self._lock(trajectory):
+            dst = self.path(trajectory)
+            tmp = dst.with_name(dst.name + ".restore")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True, mode=0o700)
+            try:
+                with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                    tar.extractall(tmp, filter="data")  # no absolute paths, no links out, no devices
+            except (tarfile.TarError, OSError, EOFError) as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise SandboxError(f"trajectory {trajectory!r}: the snapshot cannot be restored ({e}); "
+                                   "pass bytes made by snapshot_trajectory") from e
+            os.chmod(tmp, 0o700)
+            for dirpath, dirnames, filenames in os.walk(tmp):
+                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                    self._chown(Path(name))
+            shutil.rmtree(dst, ignore_errors=True)
+            os.rename(tmp, dst)
+            with self._guard:
+                self._last_used[trajectory] = self.clock()
+
+    def end(self, trajectory: str) -> bool:
+        """Remove the trajectory's dir; True if it had one here. Safe to call twice."""
+        with self._lock(trajectory):
+            p = self.path(trajectory)
+            existed = p.exists()
+            shutil.rmtree(p, ignore_errors=True)
+            with self._guard:
+                self._last_used.pop(trajectory, None)
+                self._locks.pop(trajectory, None)
+            return existed
+
+    def sweep(self) -> list[str]:
+        """Remove trajectories unused for longer than the TTL; the ids removed."""
+        now = self.clock()
+        with self._guard:
+            expired = [t for t, last in self._last_used.items() if now - last > self.ttl_s]
+        gone = []
+        for t in expired:
+            lock = self._lock(t)
+            if not lock.acquire(blocking=False):  # in use right now
+                continue
+            try:
+                shutil.rmtree(self.path(t), ignore_errors=True)
+                with self._guard:
+                    self._last_used.pop(t, None)
+                gone.append(t)
+            finally:
+                lock.release()
+        return gone
+
+    def _chown(self, p: Path) -> None:
+        if self.uid is not None:
+            os.lchown(p, self.uid, self.uid)

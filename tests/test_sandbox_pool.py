@@ -1,0 +1,223 @@
+"""The warm pool and the run API, outside Dask, with real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from tangram_dask import SandboxError
+from tangram_dask.sandbox import (
+    REASONS,
+    THREATS,
+    Limits,
+    PoolOptions,
+    RunResult,
+    SandboxPool,
+    bwrap_available,
+    containment,
+    run_code,
+    run_command,
+)
+from tangram_dask.sandbox.options import MiB
+
+
+def _backend() -> str:
+    ok, why = bwrap_available()
+    if not ok:
+        pytest.skip(f"bubblewrap unusable here: {why}")
+    return "bwrap"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(backend=_backend(), size=2, max_uses=5, timeout_s=5, memory_bytes=512 * MiB) as p:
+        assert p.wait_ready(30)
+        yield p
+
+
+# -- options: bad values fail at once, naming the option ----------------------------------
+
+@pytest.mark.parametrize("kwargs, names", [
+    ({"backend": "docker"}, "backend"),
+    ({"size": 0}, "size"),
+    ({"max_starting": -1}, "max_starting"),
+    ({"max_uses": 1.5}, "max_uses"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"memory_bytes": 1000}, "memory_bytes"),
+    ({"output_bytes": True}, "output_bytes"),
+    ({"uid": "root"}, "uid"),
+    ({"ro_binds": ("relative/path",)}, "ro_binds"),
+    ({"trajectory_ttl_s": float("inf")}, "trajectory_ttl_s"),
+    ({"colour": "red"}, "colour"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_bad_options_are_rejected_naming_them(kwargs, names):
+    with pytest.raises(SandboxError, match=names):
+        PoolOptions.from_kwargs(**kwargs)
+
+
+def test_limits_merge_and_reject_unknown_fields():
+    lim = Limits().merged(timeout_s=2, memory_bytes=None)
+    assert lim.timeout_s == 2 and lim.memory_bytes == Limits().memory_bytes
+    with pytest.raises(SandboxError, match="walltime"):
+        Limits().merged(walltime=3)
+
+
+def test_containment_table_covers_every_threat_for_both_backends():
+    for backend in ("bwrap", "process"):
+        table = containment(backend)
+        assert tuple(table) == THREATS
+        assert all(c.level in ("yes", "partial", "no") and c.why for c in table.values())
+    assert all(c.contained for c in containment("bwrap").values())
+
+
+# -- running --------------------------------------------------------------------------------
+
+def test_run_code_returns_output_times_and_reason(pool):
+    r = run_code("import sys\nprint(input().upper())\nsys.stderr.write('warn')\n", stdin="hello\n", pool=pool)
+    assert isinstance(r, RunResult)
+    assert (r.reason, r.exit_code, r.stdout, r.stderr) == ("ok", 0, "HELLO\n", "warn")
+    assert r.wall_s > 0 and r.cpu_s >= 0 and r.backend == "bwrap" and not r.truncated
+    assert r.reason in REASONS
+
+
+@pytest.mark.parametrize("code, reason, exit_code", [
+    ("raise ValueError('bad')", "error", 1),
+    ("import sys; sys.exit(3)", "error", 3),
+    ("import sys; sys.exit(0)", "ok", 0),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", "killed", None),
+    ("def f(:\n", "error", 1),
+], ids=["exception", "exit-3", "exit-0", "sigterm", "syntax-error"])
+def test_how_code_ends_is_named(pool, code, reason, exit_code):
+    r = run_code(code, pool=pool)
+    assert (r.reason, r.exit_code) == (reason, exit_code), r
+
+
+def test_run_command_with_files_in_the_working_dir(pool):
+    files = {"pkg/mod.py": "def double(x):\n    return 2 * x\n",
+             "test_mod.py": "from pkg.mod import double\n\ndef test_double():\n    assert double(2) == 4\n"}
+    r = run_command(["python", "-c", "import os, pkg.mod; print(pkg.mod.double(21), sorted(os.listdir('.')))"],
+                    files=files, pool=pool)
+    assert r.reason == "ok" and r.stdout.startswith("42 ['pkg', 'test_mod.py']"), r
+    r = run_command(["no-such-program"], pool=pool)
+    assert r.reason == "error" and r.exit_code == 127 and "no-such-program" in r.detail
+    with pytest.raises(SandboxError, match="relative path"):
+        run_code("pass", files={"../escape.py": "x"}, pool=pool)
+    with pytest.raises(SandboxError, match="list of arguments"):
+        run_command("pytest -x", pool=pool)  # type: ignore[arg-type]
+
+
+def test_pytest_runs_inside_the_sandbox(pool):
+    files = {"test_a.py": "def test_ok():\n    assert 1 + 1 == 2\n\ndef test_bad():\n    assert 1 + 1 == 3\n"}
+    r = run_command(["python", "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"], files=files, pool=pool,
+                    timeout=30)
+    assert r.reason == "error" and r.exit_code == 1 and "1 failed" in r.stdout, (r, r.stdout, r.stderr)
+
+
+def test_working_dir_is_wiped_between_actions(pool):
+    for _ in range(4):  # more actions than sandboxes: each sandbox is reused
+        r = run_code("import os\nprint(os.listdir('.'), os.listdir('/tmp'))\n"
+                     "open('left.txt', 'w').write('x'); open('/tmp/t', 'w').write('x')", pool=pool)
+        assert r.stdout == "[] []\n", r.stdout
+
+
+def test_units_become_cpus_by_affinity(pool):
+    n = len(os.sched_getaffinity(0))
+    r = run_code("import os\nprint(len(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'])", units=n, pool=pool)
+    assert r.cpu_mechanism == "affinity" and len(r.cpus) == n and r.stdout == f"{n} {n}\n", r
+    r = run_code("import os\nprint(sorted(os.sched_getaffinity(0)))", units=1, pool=pool)
+    assert r.stdout == f"{list(r.cpus)}\n" and len(r.cpus) == 1
+
+
+def test_recycled_after_max_uses_and_on_damage(pool):
+    before = pool.statistics()
+    for _ in range(12):
+        run_code("pass", pool=pool)
+    mid = pool.statistics()
+    assert mid.recycled > before.recycled  # max_uses=5 with 2 sandboxes: some were replaced
+    run_code("while True: pass", timeout=0.5, pool=pool)  # a timeout counts as damage
+    after = pool.statistics()
+    assert after.recycled == mid.recycled + 1
+    assert pool.wait_ready(30) and pool.statistics().ready == 2
+
+
+def test_concurrent_actions_get_distinct_sandboxes(pool):
+    results: list[RunResult] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        r = run_code("import os, time\ntime.sleep(0.2)\nprint(os.getpid())", pool=pool)
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.reason for r in results] == ["ok"] * 4
+
+
+def test_lease_released_twice_is_safe_and_unusable_after(pool):
+    lease = pool.acquire()
+    assert lease.run(code="print(1)").stdout == "1\n"
+    lease.release()
+    lease.release()
+    with pytest.raises(SandboxError, match="released"):
+        lease.run(code="pass")
+
+
+def test_outside_dask_without_a_pool_the_error_says_what_to_do():
+    with pytest.raises(SandboxError, match="pool=SandboxPool"):
+        run_code("pass")
+
+
+def test_closed_pool_refuses_with_a_reason():
+    p = SandboxPool(backend=_backend(), size=1).start()
+    assert p.wait_ready(30)
+    p.close()
+    p.close()
+    with pytest.raises(SandboxError, match="closed"):
+        p.acquire()
+
+
+def test_a_backend_that_cannot_start_fails_acquire_with_the_cause(tmp_path):
+    with SandboxPool(backend="process", size=1, python=str(tmp_path / "no-python"), uid=None) as p:
+        with pytest.raises(SandboxError, match="could not start a sandbox.*no-python"):
+            p.acquire(timeout=20)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+def test_sandboxes_die_with_their_worker(backend, tmp_path):
+    """SIGKILL the process that owns a pool: its sandboxes, and code running in them, go too."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if backend == "bwrap":
+        _backend()
+    script = (
+        "import sys, threading\n"
+        "from tangram_dask.sandbox import SandboxPool, run_code\n"
+        f"pool = SandboxPool(backend={backend!r}, size=2, uid=None).start()\n"
+        "assert pool.wait_ready(30)\n"
+        "print(' '.join(str(b._proc.pid) for b in pool._boxes), flush=True)\n"
+        "threading.Thread(target=run_code, args=('import time; time.sleep(60)',),\n"
+        "                 kwargs={'timeout': 60, 'pool': pool}, daemon=True).start()\n"
+        "time = __import__('time'); time.sleep(60)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in worker.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.5)  # the sleeping action is running
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    finally:
+        worker.kill()
