@@ -129,8 +129,6 @@ class TangramPolicy(Policy):
         self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
         self.turn_time = Welford()  # expected action time at units.max
         self.last_end: dict[str, float] = {}
-        self.rmax = 0
-        self.qmax = 0
         self.release_rate = Rate(self.opt.horizon_s)  # CPU slots freed per second
         self.traj_n = 0
         self.traj_sum = 0.0
@@ -185,8 +183,6 @@ class TangramPolicy(Policy):
         heappush(q, (self.opt.aging * now + est, self._seq, aid))
         self._seq += 1
         self.qmin[pool] += spec.units_min
-        if pool == "cpu":
-            self.qmax += spec.units_max
         self.dirty[pool] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
@@ -196,7 +192,6 @@ class TangramPolicy(Policy):
             self.rmin[r.spec.resource] -= r.spec.units_min
             if r.spec.resource == "cpu":
                 self.release_rate.add(now, r.units)
-                self.rmax -= r.spec.units_max
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
         self._freed(r.spec)
@@ -207,8 +202,6 @@ class TangramPolicy(Policy):
         if r is not None:
             if r.spec.resource != "gpu":
                 self.rmin[r.spec.resource] -= r.spec.units_min
-                if r.spec.resource == "cpu":
-                    self.rmax -= r.spec.units_max
             self._freed(r.spec)
         return done
 
@@ -225,7 +218,6 @@ class TangramPolicy(Policy):
             p = waiting.pop(aid, None)
             if p is not None:
                 self.qmin["cpu"] -= p.spec.units_min
-                self.qmax -= p.spec.units_max
                 return True
         for node, rv in self.reserved.items():
             if rv.aid == aid:
@@ -233,7 +225,6 @@ class TangramPolicy(Policy):
                 if rv.held:
                     self.cpu.give(node, rv.held)
                 self.rmin["cpu"] -= rv.p.spec.units_min
-                self.rmax -= rv.p.spec.units_max
                 self.dirty["cpu"] = None
                 return True
         p = self.pending.pop(aid, None)
@@ -241,8 +232,6 @@ class TangramPolicy(Policy):
             return False
         pool = p.spec.model if p.spec.resource == "gpu" else p.spec.resource
         self.qmin[pool] -= p.spec.units_min  # the heap entry is skipped lazily
-        if pool == "cpu":
-            self.qmax -= p.spec.units_max
         return True
 
     def _capacity_changed(self) -> None:
@@ -306,9 +295,6 @@ class TangramPolicy(Policy):
         heappop(self.queues[pool])
         p = self.pending.pop(aid)
         self.qmin[pool] -= p.spec.units_min
-        if pool == "cpu":
-            self.qmax -= p.spec.units_max
-            self.rmax += p.spec.units_max
         return p
 
     def _drain_cpu(self, now: float, out: list[Decision]) -> None:
@@ -359,8 +345,6 @@ class TangramPolicy(Policy):
     def _wait_home(self, aid: ActionId, p: Pending, node: str, now: float) -> None:
         """Park a stateful action on its home node until a slot frees there or restore_s passes."""
         self.home_wait.setdefault(node, {})[aid] = p
-        self.qmax += p.spec.units_max  # still waiting: undo _take_head's running count
-        self.rmax -= p.spec.units_max
         self.qmin["cpu"] += p.spec.units_min
         heappush(self.home_deadlines, (now + p.spec.restore_s, self._seq, aid, node))
         self._seq += 1
@@ -388,7 +372,6 @@ class TangramPolicy(Policy):
             other = cpu.most_free() if cpu.max_free >= p.spec.units_min else None
             if other is None or other in self.reserved:
                 self.qmin["cpu"] -= p.spec.units_min
-                self.qmax -= p.spec.units_max
                 self._requeue(aid, p)
             else:
                 self._start_waiting(aid, p, other, now, out)
@@ -396,8 +379,6 @@ class TangramPolicy(Policy):
     def _start_waiting(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
         spec = p.spec
         self.qmin["cpu"] -= spec.units_min
-        self.qmax -= spec.units_max
-        self.rmax += spec.units_max
         self.rmin["cpu"] += spec.units_min
         k = self._units(spec, self.cpu.free[node], self.cpu.total_free - self.qmin["cpu"] - spec.units_min,
                         self.cpu.total, "cpu", now, p.est)
@@ -436,7 +417,6 @@ class TangramPolicy(Policy):
             if node not in cpu.free:  # the node left
                 del self.reserved[node]
                 self.rmin["cpu"] -= rv.p.spec.units_min
-                self.rmax -= rv.p.spec.units_max
                 self._requeue(rv.aid, rv.p)
                 continue
             extra = min(cpu.free[node], rv.want - rv.held)
