@@ -1,8 +1,11 @@
 """What the scheduler granted to the action that is running now.
 
 The scheduler plugin writes the grant into the task's ``tangram`` annotation
-(key ``"grant"``) before the task reaches its worker; inside the running task
-:func:`current_allocation` reads it back. Outside an action it returns None.
+(key ``"grant"``, a :class:`tangram_dask.messages.Grant`) before the task
+reaches its worker; inside the running task :func:`current_allocation` reads
+it back: units, GPU ids (and ``CUDA_VISIBLE_DEVICES``), the replica, whether
+the model was loaded or the trajectory restored for it. Outside an action it
+returns None.
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ class Allocation:
     affinity: str | None = None
     timeout_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # what the scheduler plugin decided besides the units (see tangram_dask.messages.Grant)
+    worker: str = ""
+    load: bool = False
+    restore: bool = False
+    cross_group: bool = False
+    sandbox: str = "warm"
+    setup_s: float = 0.0
+    device_ids: tuple[int, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """The ``CUDA_VISIBLE_DEVICES`` value for this action ("" for a non-GPU action)."""
+        return ",".join(str(i) for i in (self.device_ids or self.gpus))
+
+    def env(self) -> dict[str, str]:
+        """Environment for a subprocess or server the action starts (names its GPUs)."""
+        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.gpus else {}
 
     @classmethod
     def from_annotation(cls, ann: Mapping[str, Any]) -> "Allocation":
@@ -41,6 +61,13 @@ class Allocation:
             trajectory=ann.get("trajectory"),
             affinity=ann.get("affinity"),
             timeout_s=ann.get("timeout_s"),
+            worker=grant.get("worker", ""),
+            load=bool(grant.get("load", False)),
+            restore=bool(grant.get("restore", False)),
+            cross_group=bool(grant.get("cross_group", False)),
+            sandbox=grant.get("sandbox", "warm"),
+            setup_s=float(grant.get("setup_s", 0.0)),
+            device_ids=tuple(grant.get("device_ids", ())),
         )
 
 

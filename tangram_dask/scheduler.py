@@ -1,0 +1,547 @@
+"""The tangram scheduler plugin: the policy places every action inside a real Dask scheduler.
+
+Install it any of three ways (each idempotent: a second install is a no-op):
+
+    client.register_plugin(TangramSchedulerPlugin())
+    LocalCluster(scheduler_kwargs={"plugins": [TangramSchedulerPlugin()]})
+    dask scheduler --preload scheduler_plugin
+
+How it works (docs/placement.md has the reasons):
+
+1. **Park.** ``update_graph`` gives every task annotated ``tangram`` a strict
+   worker restriction to :data:`PARK`, an address no worker ever has, so
+   Dask's own ``decide_worker`` finds no valid worker and the task waits in
+   ``no-worker`` once its dependencies are in memory. Work stealing skips it
+   (strict restrictions, no valid thief); queuing skips it (restricted tasks
+   are never root-ish).
+2. **Record.** The ``transition`` hook turns Dask's transitions into policy
+   events: entering ``no-worker`` is ``submit``; leaving ``processing`` is
+   ``finish`` (to ``memory`` or ``erred``) or ``cancel`` (to ``released``:
+   the client cancelled, the worker died, the task was rescheduled); leaving
+   ``no-worker`` otherwise is ``cancel``. Workers joining and leaving update
+   the policy's nodes. No hook ever transitions a task.
+3. **Apply.** One coalesced loop callback (:meth:`_flush`) asks
+   ``policy.schedule(now)`` and applies every ``Start`` in one batch: the
+   task's restriction becomes the chosen worker, its Dask resource
+   restriction the granted units (so the worker enforces the grant locally),
+   the grant is written into its ``tangram`` annotation (which Dask sends to
+   the worker with the task, where :func:`tangram_dask.current_allocation`
+   reads it), and one ``scheduler.transitions`` call moves the batch
+   ``no-worker -> processing``.
+
+The plugin decides nothing itself: the policy object does, exactly as it
+does in the simulator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from time import monotonic, perf_counter
+from typing import Any, Hashable, Mapping
+
+import dask
+from distributed.core import Status
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+
+from .annotate import ANNOTATION
+from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec, parse_models
+from .errors import PlacementError, SpecError
+from .messages import (DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant, WorkerDeclaration)
+from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
+from .policy.types import ReplicaSpec, Start
+from .spec import ActionSpec
+from .workers import PLUGIN_NAME, TangramWorkerPlugin
+
+logger = logging.getLogger("tangram_dask.scheduler")
+
+#: The worker address parked actions are restricted to. No worker has it.
+PARK = "tangram://parked"
+
+LIVE_POLICIES = ("tangram", "fifo")
+
+# Action states (scheduler side)
+NEW, PENDING, GRANTED, DONE, FAILED = "new", "pending", "granted", "done", "failed"
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """Everything the plugin is configured with; ``from_config`` reads ``tangram.scheduler``.
+
+    ``replicas`` maps a GPU worker's *name* to the model replicas resident on
+    it when it joins: ``{"gpu-0": (("rm-small", (0,)),)}``. ``time_scale``
+    makes the policy see ``wall seconds / time_scale`` (benchmarks that run a
+    workload faster than real time). ``pipeline`` overbooks each CPU node by
+    that many units so the scheduler can hand a worker its next action before
+    the current one ends (see docs/placement.md, "Pipelining").
+    """
+
+    policy: str = "tangram"
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)
+    api_tokens: int = 0
+    replicas: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
+    time_scale: float = 1.0
+    pipeline: int = 0
+    warm_start_s: float = 0.0
+    cold_start_s: float = 0.0
+    cross_group_slowdown: float = 1.0
+    tangram: TangramOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in LIVE_POLICIES:
+            raise ValueError(f"tangram.scheduler.policy = {self.policy!r}: the live plugin runs "
+                             f"{' or '.join(LIVE_POLICIES)} (static binds whole trajectories; simulate it)")
+        if not self.time_scale > 0:
+            raise ValueError(f"tangram.scheduler.time-scale = {self.time_scale!r}: must be > 0")
+        if self.pipeline < 0 or self.api_tokens < 0:
+            raise ValueError("tangram.scheduler.pipeline and api-tokens must be >= 0")
+
+    @classmethod
+    def from_config(cls, **overrides: Any) -> "PluginOptions":
+        def cfg(name: str, default: Any) -> Any:  # dask's lookup: "api-tokens" and "api_tokens" alike
+            return dask.config.get(f"tangram.scheduler.{name}", default=default)
+
+        models = cfg("models", None) or {}
+        kw: dict[str, Any] = {
+            "policy": cfg("policy", "tangram"),
+            "models": parse_models(models, "dask config", "tangram.scheduler.models") if models else {},
+            "api_tokens": int(cfg("api-tokens", 0)),
+            "replicas": {str(w): tuple((m, tuple(g)) for m, g in reps) for w, reps in (cfg("replicas", None) or {}).items()},
+            "time_scale": float(cfg("time-scale", 1.0)),
+            "pipeline": int(cfg("pipeline", 0)),
+            "warm_start_s": float(cfg("warm-start-s", 0.0)),
+            "cold_start_s": float(cfg("cold-start-s", 0.0)),
+            "cross_group_slowdown": float(cfg("cross-group-slowdown", 1.0)),
+        }
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+
+@dataclass(slots=True)
+class Action:
+    """The plugin's record of one action task."""
+
+    spec: ActionSpec | None
+    state: str = NEW
+    error: str | None = None
+    grant: Grant | None = None
+
+
+@dataclass
+class PluginStats:
+    submitted: int = 0
+    started: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    flushes: int = 0
+    flush_s: float = 0.0
+
+
+def parse_annotation(ann: Any) -> ActionSpec:
+    """The spec in a task's ``tangram`` annotation (the scheduler's ``grant`` key is not part of it)."""
+    if isinstance(ann, Mapping) and "grant" in ann:
+        ann = {k: v for k, v in ann.items() if k != "grant"}
+    return ActionSpec.from_dict(ann)
+
+
+class TangramSchedulerPlugin(SchedulerPlugin):
+    """Places every ``tangram``-annotated task with a tangram policy; see the module docstring."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, policy: str | None = None, *, models: Mapping[str, ModelSpec] | None = None,
+                 api_tokens: int | None = None, replicas: Mapping[str, Any] | None = None,
+                 time_scale: float | None = None, pipeline: int | None = None,
+                 warm_start_s: float | None = None, cold_start_s: float | None = None,
+                 cross_group_slowdown: float | None = None, tangram: TangramOptions | None = None,
+                 options: PluginOptions | None = None):
+        self.options = options or PluginOptions.from_config(
+            policy=policy, models=models, api_tokens=api_tokens, replicas=replicas, time_scale=time_scale,
+            pipeline=pipeline, warm_start_s=warm_start_s, cold_start_s=cold_start_s,
+            cross_group_slowdown=cross_group_slowdown, tangram=tangram)
+        self.scheduler: Any = None
+        self.policy: Policy | None = None
+        self.actions: dict[Hashable, Action] = {}
+        self.nodes: dict[str, WorkerDeclaration] = {}
+        self.stats = PluginStats()
+        self._cpu_workers: dict[str, None] = {}
+        self._api_workers: dict[str, None] = {}
+        self._to_fail: dict[Hashable, str] = {}
+        self._api_waiting: dict[Hashable, None] = {}
+        self._kicked = False
+        self._t0 = 0.0
+        #: Set to a dict to keep every grant by key (benchmarks and tests read it).
+        self.grants: dict[Hashable, Grant] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # what client.register_plugin sends: the options only
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(options=state["options"])
+
+    # -- lifecycle -------------------------------------------------------------
+    def build_policy(self) -> Policy:
+        o = self.options
+        cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
+                              warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
+        if o.policy == "tangram":
+            return TangramPolicy(cluster, dict(o.models), (), options=o.tangram)
+        return FifoPolicy(cluster, dict(o.models), ())
+
+    async def start(self, scheduler: Any) -> None:
+        if self.scheduler is scheduler:
+            return
+        self.scheduler = scheduler
+        self.policy = self.build_policy()
+        self._t0 = monotonic()
+        scheduler.handlers[DECLARE_HANDLER] = self._handle_declare
+        scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
+        scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
+        for addr in list(scheduler.workers):  # workers already there when the plugin arrived
+            self.add_worker(scheduler, addr)
+        await scheduler.register_worker_plugin(None, dumps(TangramWorkerPlugin()), name=PLUGIN_NAME,
+                                               idempotent=True)
+        logger.info("tangram: scheduler plugin started (policy %s, %d API tokens, models %s, time scale %g, "
+                    "pipeline %d)", self.options.policy, self.options.api_tokens, sorted(self.options.models),
+                    self.options.time_scale, self.options.pipeline)
+
+    def now(self) -> float:
+        """Policy time: seconds since start, divided by ``time_scale``."""
+        return (monotonic() - self._t0) / self.options.time_scale
+
+    # -- workers -----------------------------------------------------------------
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is None or self.policy is None:
+            return
+        res = ws.resources
+        if res.get("gpus"):
+            return  # a GPU node joins with its declaration (topology and memory come from the worker)
+        if res.get("slots") or res.get("api"):
+            self._join(worker, WorkerDeclaration(slots=int(res.get("slots", 0)), api=int(res.get("api", 0))))
+
+    def _handle_declare(self, worker: str, declaration: dict) -> dict:
+        decl = WorkerDeclaration.from_msg(declaration)
+        if self.scheduler is None or worker not in self.scheduler.workers:
+            return {"status": "unknown-worker"}
+        old = self.nodes.get(worker)
+        if old == decl:
+            return {"status": "OK"}
+        if old is not None:
+            busy = any(r.node == worker for r in self.policy.running.values())
+            if busy:
+                logger.warning("tangram: worker %s re-declared %s while running actions; keeping %s",
+                               worker, decl, old)
+                return {"status": "busy"}
+            self._leave(worker)
+        self._join(worker, decl)
+        return {"status": "OK"}
+
+    def _join(self, addr: str, decl: WorkerDeclaration) -> None:
+        ws = self.scheduler.workers[addr]
+        pol = self.policy
+        self.nodes[addr] = decl
+        if decl.gpus:
+            reps = [ReplicaSpec(m, addr, tuple(g)) for m, g in self.options.replicas.get(str(ws.name), ())]
+            pol.add_gpu_node(GpuNode(addr, decl.gpus, decl.gpu_memory_gb, decl.groups), replicas=reps)
+        elif decl.slots:
+            pol.add_cpu_node(CpuNode(addr, decl.slots + self.options.pipeline))
+            self._cpu_workers[addr] = None
+        if decl.api:
+            self._api_workers[addr] = None
+        need = max(decl.slots, decl.gpus)
+        if ws.nthreads < need:
+            logger.warning("tangram: worker %s declares %d %s but has %d threads: actions will wait for "
+                           "threads (give it nthreads >= %d)", addr, need, "GPUs" if decl.gpus else "slots",
+                           ws.nthreads, need)
+        logger.info("tangram: %s joined as %s %s", addr, decl.role, decl)
+        self._kick()
+
+    def _leave(self, addr: str) -> list[Hashable]:
+        decl = self.nodes.pop(addr, None)
+        self._cpu_workers.pop(addr, None)
+        self._api_workers.pop(addr, None)
+        if decl is None or not (decl.gpus or decl.slots):
+            return []
+        return self.policy.remove_node(addr)
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        if self.policy is None:
+            return
+        lost = self._leave(worker)
+        now = self.now()
+        for key in lost:
+            # Dask releases what was processing there before this hook runs, so the
+            # policy normally has nothing left on the node; what remains was granted
+            # but never reached the worker: park it again and queue it anew.
+            a = self.actions.get(key)
+            ts = scheduler.tasks.get(key)
+            if a is None or ts is None:
+                continue
+            ts.worker_restrictions = {PARK}
+            ts.resource_restrictions = None
+            if ts.state == "no-worker" and a.spec is not None:
+                self.policy.submit(key, a.spec, now)
+                a.state, a.grant = PENDING, None
+                self.stats.submitted += 1
+        self._kick()
+
+    # -- graph and transitions ------------------------------------------------------
+    def update_graph(self, scheduler: Any, *, annotations: dict[str, dict[Hashable, Any]] | None = None,
+                     **kwargs: Any) -> None:
+        anns = (annotations or {}).get(ANNOTATION)
+        if not anns:
+            return
+        tasks, actions = scheduler.tasks, self.actions
+        for key, ann in anns.items():
+            ts = tasks.get(key)
+            if ts is None or ts.state != "released" or key in actions:
+                continue
+            try:
+                spec = parse_annotation(ann)
+            except SpecError as e:
+                actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: {e}")
+            except Exception as e:  # anything else a hand-made annotation can hold
+                actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: "
+                                                  f"{type(e).__name__}: {e}")
+            else:
+                actions[key] = Action(spec, error=self._unplaceable(spec))
+            ts.worker_restrictions = {PARK}
+            ts.loose_restrictions = False
+
+    def _unplaceable(self, spec: ActionSpec) -> str | None:
+        if spec.resource == "gpu" and spec.model not in self.options.models:
+            return (f"action kind {spec.kind!r} needs model {spec.model!r}, which the tangram scheduler plugin "
+                    f"does not know (known: {sorted(self.options.models)}): pass models= to "
+                    f"TangramSchedulerPlugin or set tangram.scheduler.models")
+        if spec.resource == "api" and self.options.api_tokens < spec.units_min:
+            return (f"action kind {spec.kind!r} needs {spec.units_min} API tokens but the scheduler holds "
+                    f"{self.options.api_tokens}: pass api_tokens= or set tangram.scheduler.api-tokens")
+        return None
+
+    def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
+                   **kwargs: Any) -> None:
+        a = self.actions.get(key)
+        if a is None:
+            return
+        try:
+            if finish == "no-worker":
+                if a.state != GRANTED:
+                    self._arrive(key, a)
+            elif start == "processing":
+                ts = self.scheduler.tasks.get(key)
+                if ts is not None:  # whatever happens next goes through the policy again
+                    ts.worker_restrictions = {PARK}
+                    ts.resource_restrictions = None
+                if a.state == GRANTED:
+                    if finish == "memory":
+                        self.policy.finish(key, self.now(), self._run_s(a, kwargs))
+                        self.stats.finished += 1
+                    elif finish == "erred":
+                        self.policy.finish(key, self.now(), None)
+                        self.stats.finished += 1
+                    else:  # released: cancelled, worker lost, rescheduled
+                        self.policy.cancel(key, self.now())
+                        self.stats.cancelled += 1
+                    self._kick()
+                a.state, a.grant = DONE, None
+            elif finish == "processing":
+                if a.state != GRANTED:  # only the plugin moves actions to processing
+                    logger.error("tangram: action %r reached processing without a grant (%s)", key, stimulus_id)
+            elif start == "no-worker":  # released, erred or forgotten while waiting
+                if a.state in (PENDING, GRANTED):
+                    self.policy.cancel(key, self.now())
+                    self.stats.cancelled += 1
+                    self._kick()
+                self._api_waiting.pop(key, None)
+                if a.state != FAILED:
+                    a.state, a.grant = DONE, None
+            if finish == "forgotten":
+                del self.actions[key]
+                self._to_fail.pop(key, None)
+        except Exception as e:
+            logger.exception("tangram: error handling %s -> %s of action %r", start, finish, key)
+            self._fail_later(key, f"the tangram scheduler plugin failed on transition {start} -> {finish}: "
+                                  f"{type(e).__name__}: {e}")
+
+    def _arrive(self, key: Hashable, a: Action) -> None:
+        if a.error is not None:
+            self._fail_later(key, a.error)
+            return
+        self.policy.submit(key, a.spec, self.now())
+        a.state = PENDING
+        self.stats.submitted += 1
+        self._kick()
+
+    def _run_s(self, a: Action, kw: Mapping[str, Any]) -> float | None:
+        c = 0.0
+        for ss in kw.get("startstops") or ():
+            if ss.get("action") == "compute":
+                c += ss["stop"] - ss["start"]
+        if c <= 0:
+            return None
+        setup = a.grant.setup_s if a.grant is not None else 0.0
+        return max(c / self.options.time_scale - setup, 1e-6)
+
+    def _fail_later(self, key: Hashable, message: str) -> None:
+        self._to_fail[key] = message
+        self._kick()
+
+    # -- dispatch ------------------------------------------------------------------------
+    def _kick(self) -> None:
+        if not self._kicked and self.scheduler is not None:
+            self._kicked = True
+            self.scheduler.loop.add_callback(self._flush)
+
+    def _flush(self) -> None:
+        """The one place that applies decisions: a loop callback, never inside a transition."""
+        self._kicked = False
+        sched = self.scheduler
+        if sched is None or sched.status in (Status.closing, Status.closed):
+            return
+        t0 = perf_counter()
+        stimulus_id = f"tangram-start-{time.time()}"
+        recs: dict[Hashable, str] = {}
+        fails, self._to_fail = self._to_fail, {}
+        try:
+            decisions = self.policy.schedule(self.now())
+        except Exception as e:
+            logger.exception("tangram: the %s policy failed to schedule; actions stay parked", self.options.policy)
+            decisions = []
+            for key, a in self.actions.items():  # the actions it was asked about cannot be placed
+                if a.state == PENDING:
+                    fails[key] = f"the tangram {self.options.policy} policy failed: {type(e).__name__}: {e}"
+        for d in decisions:
+            if d.__class__ is not Start:
+                continue  # Admit: trajectory admission is the static policy's, not run live
+            try:
+                self._apply(d, recs)
+            except Exception as e:
+                logger.exception("tangram: could not apply %s", d)
+                fails[d.action] = f"tangram could not place action {d.action!r}: {type(e).__name__}: {e}"
+        if self._api_waiting and (self._api_workers or self._cpu_workers):
+            for key in list(self._api_waiting):
+                self._release_api(key, recs)
+        for key, message in fails.items():
+            self._err(key, message, recs, stimulus_id)
+        if recs:
+            sched.transitions(recs, stimulus_id)
+        st = self.stats
+        st.flushes += 1
+        st.flush_s += perf_counter() - t0
+
+    def _apply(self, d: Start, recs: dict[Hashable, str]) -> None:
+        key = d.action
+        a = self.actions.get(key)
+        ts = self.scheduler.tasks.get(key)
+        if a is None or ts is None or ts.state != "no-worker" or a.state != PENDING:
+            self.policy.cancel(key, self.now())  # it left while the decision was made
+            return
+        spec = a.spec
+        res = spec.resource
+        workers = self.scheduler.workers
+        resources = None
+        device_ids: tuple[int, ...] = ()
+        if res == "api":
+            worker = ""
+        else:
+            ws = workers.get(d.node)
+            if ws is None:
+                raise PlacementError(f"the policy chose worker {d.node}, which is not connected")
+            worker = d.node
+            decl = self.nodes[worker]
+            if res == "cpu" and ws.resources.get("slots"):
+                resources = {"slots": min(d.units, decl.slots)}
+            elif res == "gpu":
+                if ws.resources.get("gpus", 0) >= d.units:
+                    resources = {"gpus": d.units}
+                if decl.device_ids:
+                    device_ids = tuple(decl.device_ids[i] for i in d.gpus)
+        grant = Grant(d.units, d.node, worker, d.gpus, d.replica, d.load, d.evict, d.restore, d.cross_group,
+                      d.sandbox, self._setup_s(d, spec), device_ids)
+        ann = dict(ts.annotations or {})
+        tg = dict(ann.get(ANNOTATION) or {})
+        tg["grant"] = grant.to_msg()
+        ann[ANNOTATION] = tg
+        ts.annotations = ann
+        ts.resource_restrictions = resources
+        a.state, a.grant = GRANTED, grant
+        self.stats.started += 1
+        if self.grants is not None:
+            self.grants[key] = grant
+        if res == "api":
+            self._api_waiting[key] = None
+            self._release_api(key, recs)
+        else:
+            ts.worker_restrictions = {worker}
+            recs[key] = "processing"
+
+    def _release_api(self, key: Hashable, recs: dict[Hashable, str]) -> None:
+        """An API action holds its tokens; it runs on any worker that runs API calls (else any CPU worker)."""
+        allowed = self._api_workers or self._cpu_workers
+        if not allowed:
+            return  # stays parked, granted, until such a worker joins
+        ts = self.scheduler.tasks.get(key)
+        self._api_waiting.pop(key, None)
+        if ts is None or ts.state != "no-worker":
+            return
+        ts.worker_restrictions = set(allowed)
+        recs[key] = "processing"
+
+    def _setup_s(self, d: Start, spec: ActionSpec) -> float:
+        """What the action pays before its work, as the simulator charges it."""
+        o = self.options
+        if spec.resource == "cpu":
+            s = o.warm_start_s if d.sandbox == "warm" else (o.cold_start_s if d.sandbox == "cold" else 0.0)
+            return s + (spec.restore_s if d.restore else 0.0)
+        if spec.resource == "gpu" and d.load:
+            return o.models[spec.model].load_s
+        return 0.0
+
+    def _err(self, key: Hashable, message: str, recs: dict[Hashable, str], stimulus_id: str) -> None:
+        sched = self.scheduler
+        ts = sched.tasks.get(key)
+        a = self.actions.get(key)
+        if a is not None and a.state in (PENDING, GRANTED):
+            self.policy.cancel(key, self.now())  # frees what a Start took, or drops it from the queue
+        if ts is None or ts.state not in ("no-worker", "processing"):
+            return
+        if a is not None:
+            a.state, a.grant = FAILED, None
+        self.stats.failed += 1
+        logger.error("tangram: action %r errs: %s", key, message)
+        exc = dumps(PlacementError(message))
+        recs.pop(key, None)
+        recs.update(sched.transition(key, "erred", exception=exc, cause=key, stimulus_id=stimulus_id,
+                                     **({"worker": ts.processing_on.address} if ts.processing_on else {})))
+
+    # -- RPC handlers -----------------------------------------------------------------------
+    def _handle_end_trajectory(self, trajectory: str) -> None:
+        if self.policy is not None:
+            self.policy.end_trajectory(trajectory, self.now())
+
+    def _handle_snapshot(self) -> dict[str, Any]:
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The policy's frozen snapshot and the plugin's counters, as plain data."""
+        snap = asdict(self.policy.snapshot()) if self.policy is not None else {}
+        snap["plugin"] = asdict(self.stats)
+        snap["nodes"] = {addr: d.to_msg() for addr, d in self.nodes.items()}
+        snap["actions"] = len(self.actions)
+        return snap
+
+
+# -- client helpers -------------------------------------------------------------------------
+def end_trajectory(client: Any, trajectory: str) -> Any:
+    """Tell the scheduler a trajectory is over (its stateful actions have no home any more)."""
+    return client.sync(getattr(client.scheduler, END_TRAJECTORY_HANDLER), trajectory=trajectory)
+
+
+def snapshot(client: Any) -> Any:
+    """The scheduler's tangram snapshot (policy pools, replicas, plugin counters)."""
+    return client.sync(getattr(client.scheduler, SNAPSHOT_HANDLER))

@@ -1,0 +1,38 @@
+"""The live benchmark on a tiny workload: same keys as the simulator, every action done."""
+
+from __future__ import annotations
+
+from tangram_dask.bench import simulate
+from tangram_dask.live import run_live, worker_specs
+from tangram_dask.workload import generate
+
+from conftest import kind, make_cluster, make_workload
+
+
+def _tiny():
+    wl = make_workload(
+        tools=[kind("code", "cpu", 0.5, units=(1, 2), p=0.5), kind("search", "api", 0.3, weight=0.5)],
+        rewards=[kind("judge", "gpu", 0.5, model="rm")],
+        trajectories=3, turns=2, llm=0.2, models={"rm": {"gpu_memory_gb": 16, "load_s": 1.0}})
+    cl = make_cluster(cpu=[{"count": 1, "slots": 2}], gpu=[{"count": 1, "gpus": 2, "gpu_memory_gb": 80, "groups": [1, 1]}],
+                      tokens=1, warm=0.05, cold=0.5)
+    return wl, cl
+
+
+def test_worker_specs_one_process_per_node_and_an_api_worker():
+    _, cl = _tiny()
+    specs = worker_specs(cl)
+    assert sorted(specs) == ["api", "cpu-0", "gpu-0"]
+    assert specs["cpu-0"]["options"]["resources"] == {"slots": 2}
+    assert specs["gpu-0"]["options"]["config"]["tangram"]["worker"]["gpu-groups"] == [1, 1]
+
+
+def test_live_run_reports_the_simulators_keys():
+    wl, cl = _tiny()
+    live = run_live(wl, cl, ("tangram", "fifo"), time_scale=0.05)
+    sim = simulate(generate(wl), cl, "tangram")
+    for r in live:
+        assert set(sim) - {"sim_wall_s"} <= set(r)
+        assert r["actions"] == generate(wl).n_actions == sum(k["count"] for k in r["by_kind"].values())
+        assert r["act_mean_s"] >= r["ideal_act_mean_s"] * 0.9 > 0
+        assert r["step_s"] > 0
