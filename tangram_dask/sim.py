@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from .cluster import ClusterSpec
+from .errors import FileFormatError
 from .policy.base import Policy
 from .policy.types import Admit, Start
 from .workload import Generated
@@ -63,6 +64,7 @@ class Simulator:
 
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
+        check_fits(self.gen, self.cluster)
         g, spec, cl, pol = self.gen, self.gen.spec, self.cluster, self.policy
         kinds = spec.kinds
         n = g.n_actions
@@ -107,6 +109,8 @@ class Simulator:
         timing = self.time_policy
         events = 0
         done = 0
+        waiting: dict[int, None] = {}  # issued, not started: named if the run gets stuck
+        begun = admitted = 0
         progress = self.progress
         next_report = 0
 
@@ -159,6 +163,7 @@ class Simulator:
                 elif order == ISSUE:
                     a = x
                     issue[a] = now
+                    waiting[a] = None
                     k = kind[a]
                     sp = proto[k].instance(hint[a], names[traj_of[a]])
                     if timing:
@@ -169,6 +174,7 @@ class Simulator:
                         pol.submit(a, sp, now)
                 else:
                     s = x
+                    begun += n_traj_step
                     for t in range(s * n_traj_step, (s + 1) * n_traj_step):
                         pol.begin_trajectory(names[t], now)
             if timing:
@@ -180,6 +186,7 @@ class Simulator:
             for d in decisions:
                 if d.__class__ is Start:
                     a = d.action
+                    waiting.pop(a, None)
                     k = kind[a]
                     res = k_res[k]
                     if res == "cpu":
@@ -215,9 +222,10 @@ class Simulator:
                     seq += 1
                 else:  # Admit
                     t = index[d.trajectory]
+                    admitted += 1
                     if audit:
                         audit.admit(d)
-                    if d.setup_s > 0:
+                    if d.units:  # a sandbox bound for the trajectory's life: started cold, even if that is free
                         colds += 1
                         busy["cpu"] += d.units * d.setup_s
                     a0 = first[t]
@@ -230,10 +238,57 @@ class Simulator:
             progress(n, n)
         if done != n:
             stuck = n - done
-            raise AuditError(f"{pol.name}: {stuck} of {n} actions never completed (the policy left them waiting "
-                             f"with nothing running): a policy bug")
+            raise AuditError(f"{pol.name}: {stuck} of {n} actions never completed; left waiting with nothing "
+                             f"running: {_stuck(waiting, kind, kinds, pol, begun - admitted)} (a policy bug, "
+                             f"or a policy that cannot serve this workload on this cluster)")
         return SimResult(pol.name, issue, end, ideal, step_start, step_end, ideal_step, loads, colds, restores,
                          busy, cl.capacity(), pol.decisions, pol_t, time.perf_counter() - t_wall, events)
+
+
+def _stuck(waiting: dict[int, None], kind: list[int], kinds: tuple, pol: Policy, unadmitted: int) -> str:
+    """What a stuck run left waiting, by kind: ``2 x judge (gpu, model rm: no replica resident)``."""
+    count: dict[int, int] = {}
+    for a in waiting:
+        count[kind[a]] = count.get(kind[a], 0) + 1
+    parts = []
+    for i, c in sorted(count.items()):
+        k = kinds[i]
+        what = k.resource
+        if k.resource == "gpu":
+            what += f", model {k.model}" + ("" if pol.gpu.by_model.get(k.model) else ": no replica resident")
+        parts.append(f"{c} x {k.kind} ({what})")
+    if unadmitted:
+        parts.append(f"{unadmitted} trajectories not admitted")
+    return ", ".join(parts) or "nothing"
+
+
+def check_fits(gen: Generated, cluster: ClusterSpec) -> None:
+    """Every action kind of the run can be served by the cluster at all, whatever the policy.
+
+    A kind that can never fit (more slots than any CPU node has, more tokens
+    than the quota, a replica larger than any GPU node) would wait forever;
+    this says so up front, naming the workload file and the kind's key.
+    """
+    spec = gen.spec
+    n_tools = len(spec.tools)
+    max_slots = max((n.slots for n in cluster.cpu_nodes), default=0)
+    for i in sorted(set(np.unique(gen.kind).tolist())):
+        k = spec.kinds[i]
+        key = f"tools[{i}]" if i < n_tools else f"rewards[{i - n_tools}]"
+        where = f"cluster {cluster.name!r}" + (f" ({cluster.source})" if cluster.source else "")
+        if k.resource == "cpu" and k.units_min > max_slots:
+            raise FileFormatError(spec.source or "<workload>", f"{key}.units.min",
+                                  f"{k.kind} needs {k.units_min} sandbox slots on one CPU node; the largest "
+                                  f"CPU node of {where} has {max_slots}")
+        if k.resource == "api" and k.units_min > cluster.api_tokens:
+            raise FileFormatError(spec.source or "<workload>", f"{key}.units.min",
+                                  f"{k.kind} needs {k.units_min} API tokens; {where} has {cluster.api_tokens}")
+        if k.resource == "gpu":
+            m = spec.models[k.model]
+            if not any(m.replica_gpus(k.units_min, n.gpu_memory_gb) <= n.gpus for n in cluster.gpu_nodes):
+                raise FileFormatError(spec.source or "<workload>", f"{key}.model",
+                                      f"a replica of {k.model} ({m.gpu_memory_gb:g} GB, units.min {k.units_min}) "
+                                      f"fits no GPU node of {where}")
 
 
 class _Audit:

@@ -3,6 +3,8 @@
 One module-scoped cluster: two CPU workers (2 slots, 3 threads each, so that
 only the grant can hold an action back), one abstract GPU worker (4 GPUs in
 groups [2, 2], declared by config) and 2 API tokens held by the scheduler.
+Its plugin dispatches exactly (``pipeline=0``); dispatch-ahead, the default,
+has its own cluster below.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def wait_nodes(plugin: TangramSchedulerPlugin, n: int, timeout: float = 20.0) ->
 
 @pytest.fixture(scope="module")
 def env():
-    plugin = TangramSchedulerPlugin("tangram", models=MODELS, api_tokens=2)
+    plugin = TangramSchedulerPlugin("tangram", models=MODELS, api_tokens=2, pipeline=0)
     workers = {"cpu-0": _cpu_worker("cpu-0", SLOTS, 3), "cpu-1": _cpu_worker("cpu-1", SLOTS, 3),
                "gpu-0": _gpu_worker("gpu-0", [2, 2])}
     with start_cluster(plugin, workers) as cluster, Client(cluster) as client:
@@ -112,6 +114,27 @@ def test_actions_obey_the_grant_on_each_worker(env):
     snap = snapshot(client)
     cpu_pool = next(p for p in snap["pools"] if p["resource"] == "cpu")
     assert cpu_pool["free"] == cpu_pool["capacity"] == 2 * SLOTS
+
+
+def test_dispatch_ahead_never_runs_more_units_than_a_worker_has():
+    """pipeline=1 (the default): each worker may be sent one action ahead, which waits
+    on the worker; no worker ever runs more units at once than its slots, and no
+    action is granted more than its node's slots."""
+    plugin = TangramSchedulerPlugin("tangram")
+    assert plugin.options.pipeline == 1
+    workers = {"cpu-0": _cpu_worker("cpu-0", SLOTS, 3), "cpu-1": _cpu_worker("cpu-1", SLOTS, 3)}
+    with start_cluster(plugin, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 2)
+        with tangram_dask.action(kind="elastic", resource="cpu", units=(1, 4), speedup=0.9, hint_s=0.1):
+            futs = [client.submit(metered, 0.05, pure=False) for _ in range(24)]
+        res = client.gather(futs)
+        assert all(1 <= r["units"] <= SLOTS for r in res)
+        most = client.run(most_units)
+        assert all(0 < m <= SLOTS for m in most.values()), most
+        snap = snapshot(client)
+        cpu_pool = next(p for p in snap["pools"] if p["resource"] == "cpu")
+        assert cpu_pool["capacity"] == 2 * SLOTS and cpu_pool["free"] == 2 * SLOTS
 
 
 def test_gpu_actions_stay_inside_one_topology_group(env):

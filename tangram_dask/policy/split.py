@@ -18,11 +18,11 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
 
     ``gpu_kinds``: (model, weight, median duration, units_min) per GPU action kind.
     Demand per model = sum of weight x median; replica size = the largest
-    units_min of its kinds, grown until its share fits a GPU. First one replica
-    per model in descending demand, then repeatedly one for the model furthest
-    below its share of all GPUs (among those that still fit), each in the
-    smallest group it fits (fewest free GPUs, then node and group order),
-    until none fits.
+    units_min of its kinds, grown until its share fits a GPU of the node it
+    goes to. First one replica per model in descending demand, then
+    repeatedly one for the model furthest below its share of all GPUs
+    (among those that still fit), each in the smallest group it fits
+    (fewest free GPUs, then node and group order), until none fits.
     """
     demand: dict[str, float] = {}
     size: dict[str, int] = {}
@@ -31,29 +31,26 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
         size[model] = max(size.get(model, 1), umin)
     if not demand or not cluster.gpu_nodes:
         return []
-    mem = min(n.gpu_memory_gb for n in cluster.gpu_nodes)
-    for m in size:
-        size[m] = models[m].replica_gpus(size[m], mem)
     total = sum(demand.values())
     n_gpus = cluster.gpu_count
-    share = {m: demand[m] / total * n_gpus for m in demand}
+    # no expected demand at all (every median 0): an equal share each, not a division by zero
+    share = {m: (demand[m] / total if total > 0 else 1 / len(demand)) * n_gpus for m in demand}
     # free GPUs per (node index, group index), as lists of GPU indices
     free: list[list[list[int]]] = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
     out: list[ReplicaSpec] = []
     given = {m: 0 for m in demand}
 
     def place(m: str) -> bool:
-        k = size[m]
         best = None
         for ni, groups in enumerate(free):
-            if cluster.gpu_nodes[ni].gpu_memory_gb * k < models[m].gpu_memory_gb - 1e-9:
-                continue
+            # grown per node: a node with smaller GPUs needs more of them for the same model
+            k = models[m].replica_gpus(size[m], cluster.gpu_nodes[ni].gpu_memory_gb)
             for gi, g in enumerate(groups):
                 if len(g) >= k and (best is None or len(g) < best[0]):
-                    best = (len(g), ni, gi)
+                    best = (len(g), ni, gi, k)
         if best is None:
             return False
-        _, ni, gi = best
+        _, ni, gi, k = best
         g = free[ni][gi]
         gpus, free[ni][gi] = tuple(g[:k]), g[k:]
         out.append(ReplicaSpec(m, cluster.gpu_nodes[ni].name, gpus))

@@ -1,0 +1,207 @@
+"""``tangram``, the pure core: determinism, capacity, elasticity, home nodes, topology, no starvation."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import approx, hand_run, kind, lru_case, make_cluster, make_workload, simulate, topology_case
+
+from tangram_dask import make_spec
+from tangram_dask.bench import simulate as bench_simulate
+from tangram_dask.cluster import load_cluster
+from tangram_dask.policy import TangramOptions, TangramPolicy
+from tangram_dask.policy.types import Start
+from tangram_dask.sim import AuditError
+from tangram_dask.workload import generate, load_workload
+
+BENCH = "resources/bench"
+
+
+def _without_wall_time(m: dict) -> dict:
+    return {k: v for k, v in m.items() if k != "sim_wall_s"}
+
+
+def test_same_input_twice_gives_identical_metrics():
+    gen = generate(load_workload(f"{BENCH}/small.yaml"))
+    cl = load_cluster(f"{BENCH}/cluster-laptop.yaml")
+    a = bench_simulate(gen, cl, "tangram", audit=True)
+    b = bench_simulate(gen, cl, "tangram", audit=True)
+    assert _without_wall_time(a) == _without_wall_time(b)
+    assert a["actions"] == len(gen.kind)
+
+
+def test_same_input_twice_gives_identical_decisions():
+    gen = generate(load_workload(f"{BENCH}/small.yaml"))
+    cl = load_cluster(f"{BENCH}/cluster-laptop.yaml")
+    a, b = simulate(gen, cl, "tangram"), simulate(gen, cl, "tangram")
+    assert a.decisions == b.decisions
+    assert a.result.end.tolist() == b.result.end.tolist()
+
+
+@pytest.mark.parametrize("cluster", ["cluster-laptop.yaml", "cluster-tight.yaml"])
+def test_never_exceeds_capacity_under_audit(cluster):
+    """The audit raises AuditError on any over-allocated slot, GPU, GPU memory or token."""
+    gen = generate(load_workload(f"{BENCH}/small.yaml"))
+    run = simulate(gen, load_cluster(f"{BENCH}/{cluster}"), "tangram")
+    assert (run.result.end >= run.result.issue).all()
+    assert len(run.starts()) == len(gen.kind)
+
+
+def test_idle_pool_gives_an_elastic_action_units_max():
+    """A lone elastic tool (units 1..4, p = 0.9) on an idle node of 8 slots gets all 4 units:
+    ACT = warm 0.5 + 10 x S(1)/S(4) = 0.5 + 10 x 0.325 = 3.75, its ideal."""
+    wl = make_workload([kind("tool", dur=10.0, units=(1, 4), p=0.9)], [kind("reward", "api", dur=1.0)])
+    run = simulate(wl, make_cluster(cpu=[{"slots": 8}], tokens=1, warm=0.5), "tangram")
+    start = run.starts()[0][1]
+    assert (start.node, start.units) == ("cpu-0", 4)
+    assert run.act[0] == approx(3.75)
+    assert run.act[0] == approx(run.result.ideal[0])
+
+
+def test_fifo_on_the_same_idle_pool_uses_units_min():
+    wl = make_workload([kind("tool", dur=10.0, units=(1, 4), p=0.9)], [kind("reward", "api", dur=1.0)])
+    run = simulate(wl, make_cluster(cpu=[{"slots": 8}], tokens=1, warm=0.5), "fifo")
+    assert run.starts()[0][1].units == 1
+    assert run.act[0] == approx(10.5)
+
+
+def _home_case(p3_units: int):
+    """Two nodes of 4 slots. T0: stateful S (1 s) at t=1, again at t=4. T1: P2 (2 slots) at 1.5;
+    T2: P (p3_units slots) at 2.5; both P run 100 s. Rewards are API calls."""
+    wl = make_workload([kind("S", affinity="trajectory", restore_s=3.0), kind("P2", units=(2, 2)),
+                        kind("P", units=(p3_units, p3_units))], [kind("rw", "api", dur=0.5)], trajectories=3)
+    gen = hand_run(wl, [[(1.0, "S", 1.0), (2.0, "S", 1.0), (0.0, "rw", 0.5)],
+                        [(1.5, "P2", 100.0), (0.0, "rw", 0.5)],
+                        [(2.5, "P", 100.0), (0.0, "rw", 0.5)]])
+    return gen, make_cluster(cpu=[{"count": 2, "slots": 4}], tokens=4)
+
+
+def test_stateful_action_goes_home_when_home_has_room():
+    """t=1 S on cpu-0 (home); t=1.5 P2 on cpu-1 (most free); t=2.5 P (3 slots) on cpu-0 (most free
+    once S ended). At t=4 cpu-1 has 2 free slots and home cpu-0 only 1, enough: S goes home, no restore."""
+    gen, cl = _home_case(3)
+    run = simulate(gen, cl, "tangram")
+    starts = run.starts()
+    assert [(a, starts[a][1].node) for a in (0, 3, 5)] == [(0, "cpu-0"), (3, "cpu-1"), (5, "cpu-0")]
+    second = starts[1][1]
+    assert (second.node, second.restore) == ("cpu-0", False)
+    assert run.metrics["restores"] == 0
+    assert run.act[1] == approx(1.0)
+
+
+def test_stateful_action_moves_and_restores_when_home_is_full():
+    """The same with a 4-slot P filling cpu-0: S must move to cpu-1 and pays restore_s 3."""
+    gen, cl = _home_case(4)
+    run = simulate(gen, cl, "tangram")
+    second = run.starts()[1][1]
+    assert (second.node, second.restore) == ("cpu-1", True)
+    assert run.metrics["restores"] == 1
+    assert run.act[1] == approx(4.0)
+
+
+def test_gpu_actions_stay_within_one_topology_group():
+    """Where fifo loads the second L replica across groups (GPUs 0 and 3), tangram never spans groups."""
+    gen, cl = topology_case()
+    run = simulate(gen, cl, "tangram")
+    gpu_starts = [d for _, d in run.starts().values() if d.gpus]
+    assert len(gpu_starts) == 2
+    groups = cl.gpu_nodes[0].group_of()
+    for d in gpu_starts:
+        assert not d.cross_group
+        assert len({groups[i] for i in d.gpus}) == 1
+    assert run.metrics["step_s"] < 40.0  # fifo's step on this case, with its cross-group load
+
+
+def test_gpu_actions_within_groups_on_the_shipped_files():
+    gen = generate(load_workload(f"{BENCH}/small.yaml"))
+    cl = load_cluster(f"{BENCH}/cluster-laptop.yaml")
+    run = simulate(gen, cl, "tangram")
+    gpu = [d for _, d in run.starts().values() if d.gpus]
+    assert gpu and not any(d.cross_group for d in gpu)
+
+
+@pytest.mark.xfail(strict=True, raises=AuditError, reason=(
+    "tangram bug: _drain_cpu parks a stateful action on its home node (_wait_home) even when the home's "
+    "capacity is below its units.min, so it can never start there; the restore_s deadline is only looked "
+    "at when another CPU event comes, and none comes: the action waits forever while another node is idle"))
+def test_stateful_action_whose_home_is_too_small_still_runs():
+    """Nodes of 3 and 5 slots. T1's P (5 slots, 10 s) takes cpu-1 at 0.5; T0's stateful S (1 slot) runs
+    at 1 on cpu-0, its home. T0's stateful reward R needs 5 slots: it can never run at home (3 slots).
+    At 10.5 cpu-1 frees; fifo runs R there at once (ACT 8.5 waiting + 100 restore + 1). tangram must
+    run it somewhere too: no action waits forever."""
+    wl = make_workload([kind("S", affinity="trajectory", restore_s=100.0), kind("P", units=(5, 5))],
+                       [kind("R", units=(5, 5), affinity="trajectory", restore_s=100.0), kind("rw", "api")],
+                       trajectories=2)
+    gen = hand_run(wl, [[(1.0, "S", 1.0), (0.0, "R", 1.0)], [(0.5, "P", 10.0), (0.0, "rw", 1.0)]])
+    cl = make_cluster(cpu=[{"slots": 3}, {"slots": 5}], tokens=1)
+    assert simulate(gen, cl, "fifo").act[1] == approx(109.5)
+    run = simulate(gen, cl, "tangram")  # raises AuditError: 1 of 4 actions never completed
+    assert run.starts()[1][1].node == "cpu-1"
+
+
+@pytest.mark.xfail(strict=True, raises=AuditError, reason=(
+    "tangram bug: _load_site only loads a replica inside one topology group, so a model whose replica "
+    "needs more GPUs than any group has (here 2 GPUs of 80 GB for 100 GB, groups [1, 1]) is never "
+    "served: its actions wait forever, where the contract allows spanning groups at cross_group_slowdown "
+    "(fifo serves them)"))
+def test_model_that_only_fits_across_groups_is_still_served():
+    wl = make_workload([kind("tool")], [kind("rL", "gpu", dur=4.0, model="L", units=(2, 2))], trajectories=2,
+                       models={"L": {"gpu_memory_gb": 100, "load_s": 30}})
+    cl = make_cluster(cpu=[{"slots": 2}], gpu=[{"gpus": 2, "gpu_memory_gb": 80, "groups": [1, 1]}], slowdown=2.0)
+    # fifo: load 30 + 4 x 2 (slowdown) = 38 for the first; the second waits for that replica: 38 + 8
+    assert simulate(wl, cl, "fifo").act[[1, 3]].tolist() == approx([38.0, 46.0])
+    run = simulate(wl, cl, "tangram")  # raises AuditError: 2 of 4 actions never completed
+    assert all(d.cross_group for _, d in run.starts().values() if d.gpus)
+
+
+# -- no action waits forever: the policy driven directly, with a fake clock ------------------
+def _stream(options: TangramOptions | None, until: float) -> tuple[float | None, list[float]]:
+    """One slot. At t=0 a short action (hint 1 s) and a long one (hint 10 s) are submitted; every
+    second the running action finishes and a new short one arrives. Returns when the long one
+    started (None if not by ``until``) and the start times of every action."""
+    cluster = make_cluster(cpu=[{"slots": 1}])
+    pol = TangramPolicy(cluster, {}, [], options=options)
+    short = lambda: make_spec("short", hint_s=1.0)  # noqa: E731
+    pol.submit("s0", short(), 0.0)
+    pol.submit("long", make_spec("long", hint_s=10.0), 0.0)
+    started: dict[str, float] = {}
+    running: str | None = None
+    now, i = 0.0, 0
+    while now <= until:
+        for d in pol.schedule(now):
+            assert isinstance(d, Start) and d.units == 1 and running is None
+            started[d.action] = now
+            running = d.action
+        if "long" in started:
+            return started["long"], sorted(started.values())
+        now += 1.0
+        i += 1
+        if running is not None:
+            pol.finish(running, now, 1.0)
+            running = None
+        pol.submit(f"s{i}", short(), now)
+    return None, sorted(started.values())
+
+
+def test_long_action_in_a_stream_of_short_ones_eventually_starts():
+    """key = aging x issued + est. The long one's key is 1 x 0 + 10 = 10; a short one issued at t
+    has key t + 1 and passes it only while t + 1 < 10 (ties go to the older). So no short one
+    issued at t >= 9 passes it, and the long one starts when the slot frees at t = 9, within the
+    bound (est_long - est_short) / aging + one short run = 10."""
+    t_long, starts = _stream(TangramOptions(aging=1.0), until=100)
+    assert t_long is not None and t_long <= 10.0
+    assert t_long == 9.0
+    assert starts == [float(t) for t in range(10)]  # the slot never idled meanwhile
+
+
+def test_slower_aging_stretches_the_bound():
+    """aging 0.5: a short one issued at t has key 0.5 t + 1 < 10 while t < 18: the long one starts at 18."""
+    t_long, _ = _stream(TangramOptions(aging=0.5), until=100)
+    assert t_long is not None and t_long <= (10.0 - 1.0) / 0.5 + 1.0
+    assert t_long == 18.0
+
+
+def test_without_aging_the_long_action_starves():
+    """The check above can fail: with aging 0 the key is est alone and every short one passes."""
+    t_long, starts = _stream(TangramOptions(aging=0.0), until=60)
+    assert t_long is None
+    assert len(starts) == 61
