@@ -83,7 +83,7 @@ class PluginOptions:
     api_tokens: int = 0
     replicas: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
     time_scale: float = 1.0
-    pipeline: int = 0
+    pipeline: int = 1
     warm_start_s: float = 0.0
     cold_start_s: float = 0.0
     cross_group_slowdown: float = 1.0
@@ -110,7 +110,7 @@ class PluginOptions:
             "api_tokens": int(cfg("api-tokens", 0)),
             "replicas": {str(w): tuple((m, tuple(g)) for m, g in reps) for w, reps in (cfg("replicas", None) or {}).items()},
             "time_scale": float(cfg("time-scale", 1.0)),
-            "pipeline": int(cfg("pipeline", 0)),
+            "pipeline": int(cfg("pipeline", 1)),
             "warm_start_s": float(cfg("warm-start-s", 0.0)),
             "cold_start_s": float(cfg("cold-start-s", 0.0)),
             "cross_group_slowdown": float(cfg("cross-group-slowdown", 1.0)),
@@ -249,7 +249,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             reps = [ReplicaSpec(m, addr, tuple(g)) for m, g in self.options.replicas.get(str(ws.name), ())]
             pol.add_gpu_node(GpuNode(addr, decl.gpus, decl.gpu_memory_gb, decl.groups), replicas=reps)
         elif decl.slots:
-            pol.add_cpu_node(CpuNode(addr, decl.slots + self.options.pipeline))
+            pol.add_cpu_node(CpuNode(addr, decl.slots), ahead=self.options.pipeline)
             self._cpu_workers[addr] = None
         if decl.api:
             self._api_workers[addr] = None
@@ -455,7 +455,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             worker = d.node
             decl = self.nodes[worker]
             if res == "cpu" and ws.resources.get("slots"):
-                resources = {"slots": min(d.units, decl.slots)}
+                resources = {"slots": d.units}  # the policy never grants more than the node's slots
             elif res == "gpu":
                 if ws.resources.get("gpus", 0) >= d.units:
                     resources = {"gpus": d.units}

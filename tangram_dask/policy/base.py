@@ -91,8 +91,9 @@ class Policy:
         return out
 
     # -- nodes --------------------------------------------------------------------
-    def add_cpu_node(self, node: CpuNode) -> None:
-        self.cpu.add(node.name, node.slots)
+    def add_cpu_node(self, node: CpuNode, ahead: int = 0) -> None:
+        """A CPU node joined. ``ahead``: units it may hold beyond its slots (dispatch-ahead)."""
+        self.cpu.add(node.name, node.slots, ahead)
         self._capacity_changed()
 
     def add_gpu_node(self, node: GpuNode, replicas: Iterable[ReplicaSpec] = ()) -> None:
@@ -174,7 +175,7 @@ class Policy:
         for r in self.running.values():
             run[r.spec.resource] += 1
         return (
-            PoolStats("cpu", self.cpu.total, self.cpu.total_free, queued.get("cpu", 0), run["cpu"]),
+            PoolStats("cpu", self.cpu.slots, self.cpu.slots_free, queued.get("cpu", 0), run["cpu"]),
             PoolStats("gpu", self.gpu.total, self.gpu.idle, queued.get("gpu", 0), run["gpu"]),
             PoolStats("api", self.api.total, self.api.total_free, queued.get("api", 0), run["api"]),
         )

@@ -27,23 +27,36 @@ class OverAllocation(AssertionError):
 
 
 class CpuPool:
-    """Sandbox slots on CPU nodes."""
+    """Sandbox slots on CPU nodes.
+
+    A node may take ``ahead`` units beyond its slots: actions dispatched ahead
+    wait on the worker (which enforces its real slots) for a slot to free,
+    which hides the scheduler round trip. ``limit[node]`` (its real slots) caps
+    what any one action is granted there.
+    """
 
     def __init__(self, nodes: tuple[CpuNode, ...] = ()):
         self.capacity: dict[str, int] = {}
+        self.limit: dict[str, int] = {}
         self.free: dict[str, int] = {}
         self.order: dict[str, int] = {}
         self._buckets: list[dict[str, None]] = [{}]
         self._top = 0
         self.total = 0
         self.total_free = 0
+        self.ahead = 0
         for n in nodes:
             self.add(n.name, n.slots)
 
     # -- membership ---------------------------------------------------------
-    def add(self, name: str, slots: int) -> None:
+    def add(self, name: str, slots: int, ahead: int = 0) -> None:
         if name in self.capacity:
             raise ValueError(f"CPU node {name!r} is already known")
+        if slots < 1 or ahead < 0:
+            raise ValueError(f"CPU node {name!r}: slots must be >= 1 and ahead >= 0, got {slots}, {ahead}")
+        self.limit[name] = slots
+        self.ahead += ahead
+        slots += ahead
         self.capacity[name] = slots
         self.free[name] = slots
         self.order[name] = len(self.order)
@@ -57,11 +70,22 @@ class CpuPool:
     def remove(self, name: str) -> None:
         f = self.free.pop(name)
         del self._buckets[f][name]
-        self.total -= self.capacity.pop(name)
+        cap = self.capacity.pop(name)
+        self.total -= cap
+        self.ahead -= cap - self.limit.pop(name)
         self.total_free -= f
         self.order.pop(name)
 
     # -- queries --------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """Real slots (without dispatch-ahead units)."""
+        return self.total - self.ahead
+
+    @property
+    def slots_free(self) -> int:
+        return max(0, self.total_free - self.ahead)
+
     @property
     def max_free(self) -> int:
         b = self._buckets
@@ -90,6 +114,8 @@ class CpuPool:
         f = self.free[name]
         if k < 1 or k > f:
             raise OverAllocation(f"take {k} slots on {name}: only {f} free")
+        if k > self.limit[name]:
+            raise OverAllocation(f"take {k} slots on {name}: the node has {self.limit[name]} slots")
         self._move(name, f, f - k)
 
     def give(self, name: str, k: int) -> None:

@@ -330,8 +330,8 @@ class TangramPolicy(Policy):
                         return
             self._take_head("cpu", aid)
             self.rmin["cpu"] += need
-            room = cpu.free[node]
-            want = min(spec.units_max, cpu.capacity[node]) if self._elephant(spec, p.est) else 0
+            room = min(cpu.free[node], cpu.limit[node])
+            want = min(spec.units_max, cpu.limit[node]) if self._elephant(spec, p.est) else 0
             if want > room and node not in self.reserved:
                 wait = self._expected_wait(want - room, now)
                 gain = p.est * (spec.scale(room) - spec.scale(want))
@@ -380,8 +380,9 @@ class TangramPolicy(Policy):
         spec = p.spec
         self.qmin["cpu"] -= spec.units_min
         self.rmin["cpu"] += spec.units_min
-        k = self._units(spec, self.cpu.free[node], self.cpu.total_free - self.qmin["cpu"] - spec.units_min,
-                        self.cpu.total, "cpu", now, p.est)
+        room = min(self.cpu.free[node], self.cpu.limit[node])
+        k = self._units(spec, room, self.cpu.total_free - self.qmin["cpu"] - spec.units_min, self.cpu.total, "cpu",
+                        now, p.est)
         out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
@@ -419,11 +420,11 @@ class TangramPolicy(Policy):
                 self.rmin["cpu"] -= rv.p.spec.units_min
                 self._requeue(rv.aid, rv.p)
                 continue
-            extra = min(cpu.free[node], rv.want - rv.held)
+            extra = min(cpu.free[node], rv.want - rv.held)  # want <= limit[node]
             if extra:
                 cpu.take(node, extra)
                 rv.held += extra
-            idle_node = cpu.free[node] == 0 and rv.held == cpu.capacity[node]  # nothing else will free here
+            idle_node = cpu.capacity[node] - cpu.free[node] == rv.held  # nothing else holds units here
             if rv.held >= rv.want or idle_node or (now >= rv.deadline and rv.held >= rv.p.spec.units_min):
                 del self.reserved[node]
                 spec = rv.p.spec
