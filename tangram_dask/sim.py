@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,6 +25,11 @@ from .policy.types import Admit, Start
 from .workload import Generated
 
 COMPLETE, ISSUE, BEGIN = 0, 1, 2
+
+
+def _no_clock() -> float:
+    """The simulator keeps no clock of its own: callers that want wall times inject one."""
+    return 0.0
 
 
 class AuditError(AssertionError):
@@ -54,16 +58,18 @@ class SimResult:
 
 class Simulator:
     def __init__(self, gen: Generated, cluster: ClusterSpec, policy: Policy, *, audit: bool = False,
-                 progress: Callable[[int, int], None] | None = None, time_policy: bool = False):
+                 progress: Callable[[int, int], None] | None = None, time_policy: bool = False,
+                 timer: Callable[[], float] | None = None):
         self.gen = gen
         self.cluster = cluster
         self.policy = policy
         self.audit = _Audit(cluster, gen.spec.models, policy) if audit else None
         self.progress = progress
-        self.time_policy = time_policy
+        self.timer = timer or _no_clock
+        self.time_policy = time_policy and timer is not None
 
     def run(self) -> SimResult:
-        t_wall = time.perf_counter()
+        t_wall = self.timer()
         check_fits(self.gen, self.cluster)
         g, spec, cl, pol = self.gen, self.gen.spec, self.cluster, self.policy
         kinds = spec.kinds
@@ -105,7 +111,7 @@ class Simulator:
         remaining = 0
         audit = self.audit
         pol_t = 0.0
-        perf = time.perf_counter
+        perf = self.timer
         timing = self.time_policy
         events = 0
         done = 0
@@ -242,7 +248,7 @@ class Simulator:
                              f"running: {_stuck(waiting, kind, kinds, pol, begun - admitted)} (a policy bug, "
                              f"or a policy that cannot serve this workload on this cluster)")
         return SimResult(pol.name, issue, end, ideal, step_start, step_end, ideal_step, loads, colds, restores,
-                         busy, cl.capacity(), pol.decisions, pol_t, time.perf_counter() - t_wall, events)
+                         busy, cl.capacity(), pol.decisions, pol_t, self.timer() - t_wall, events)
 
 
 def _stuck(waiting: dict[int, None], kind: list[int], kinds: tuple, pol: Policy, unadmitted: int) -> str:

@@ -124,10 +124,6 @@ def test_installed_console_script(tmp_path):
     assert "none.yaml: <file>: no such file" in bad.stderr
 
 
-@pytest.mark.xfail(strict=True, raises=FileFormatError, reason=(
-    "bench.parity simulates tangram on every scaled cluster from f = 0.05 up and lets the error of a cluster "
-    "too small to ever serve an action (here a 4-slot tool on nodes scaled to 1..3 slots) escape, instead of "
-    "treating that f as not reaching parity and going on to the next; bench.py is outside this change"))
 def test_parity_skips_fractions_too_small_to_serve_an_action():
     wl = make_workload([kind("tool", dur=1.0, units=(4, 8), p=0.5)], [kind("reward", dur=1.0)], trajectories=4)
     cl = make_cluster(cpu=[{"slots": 8}], cold=1.0, warm=0.1)

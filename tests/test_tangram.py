@@ -119,10 +119,6 @@ def test_gpu_actions_within_groups_on_the_shipped_files():
     assert gpu and not any(d.cross_group for d in gpu)
 
 
-@pytest.mark.xfail(strict=True, raises=AuditError, reason=(
-    "tangram bug: _drain_cpu parks a stateful action on its home node (_wait_home) even when the home's "
-    "capacity is below its units.min, so it can never start there; the restore_s deadline is only looked "
-    "at when another CPU event comes, and none comes: the action waits forever while another node is idle"))
 def test_stateful_action_whose_home_is_too_small_still_runs():
     """Nodes of 3 and 5 slots. T1's P (5 slots, 10 s) takes cpu-1 at 0.5; T0's stateful S (1 slot) runs
     at 1 on cpu-0, its home. T0's stateful reward R needs 5 slots: it can never run at home (3 slots).
@@ -138,11 +134,6 @@ def test_stateful_action_whose_home_is_too_small_still_runs():
     assert run.starts()[1][1].node == "cpu-1"
 
 
-@pytest.mark.xfail(strict=True, raises=AuditError, reason=(
-    "tangram bug: _load_site only loads a replica inside one topology group, so a model whose replica "
-    "needs more GPUs than any group has (here 2 GPUs of 80 GB for 100 GB, groups [1, 1]) is never "
-    "served: its actions wait forever, where the contract allows spanning groups at cross_group_slowdown "
-    "(fifo serves them)"))
 def test_model_that_only_fits_across_groups_is_still_served():
     wl = make_workload([kind("tool")], [kind("rL", "gpu", dur=4.0, model="L", units=(2, 2))], trajectories=2,
                        models={"L": {"gpu_memory_gb": 100, "load_s": 30}})

@@ -315,7 +315,7 @@ class TangramPolicy(Policy):
             node = None
             if spec.affinity == "trajectory":
                 h = home.get(spec.trajectory)
-                if h is not None and h in cpu.free:
+                if h is not None and h in cpu.free and cpu.limit[h] >= need:
                     if cpu.free[h] >= need and h not in self.reserved:
                         node = h
                     elif self._expected_wait(need, now) < spec.restore_s:
@@ -549,7 +549,31 @@ class TangramPolicy(Policy):
                             if score == 0:
                                 return name, gpus, plan
                 start += size
+        if best is None:
+            best = self._spanning_site(model, spec, waiting)
         return None if best is None else best[1:]
+
+    def _spanning_site(self, model: str, spec: ActionSpec, waiting: set[str]) -> tuple | None:
+        """A replica too large for any topology group spans groups (and pays the slowdown)."""
+        gp = self.gpu
+        ms = self.models[model]
+        best = None
+        for name, st in gp.nodes.items():
+            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+            if k <= max(st.spec.groups) or k > st.spec.gpus:
+                continue  # fits one group (the main path's case), or never fits this node
+            idle = [i for i, g in enumerate(st.gpus) if not g.busy]
+            if len(idle) < k:
+                continue
+            idle.sort(key=lambda i: -st.gpus[i].mem_free)
+            gpus = tuple(sorted(idle[:k]))
+            cands = {rid for i in gpus for rid in st.gpus[i].replicas}
+            order = [rid for rid in sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
+                     if self._evictable(rid, waiting)]
+            plan = gp.eviction_plan(name, gpus, ms.gpu_memory_gb / k, order)
+            if plan is not None and (best is None or len(plan) < best[0]):
+                best = (len(plan), name, gpus, plan)
+        return best
 
     def _evict_rank(self, rid: ReplicaId, waiting: set[str]) -> tuple:
         r = self.gpu.replicas[rid]
