@@ -126,8 +126,13 @@ def _check_run(policy: str, wl, cl) -> tuple:
     assert len(res.step_end) == wl.steps
     starts = [d for _, d in log if d.__class__.__name__ == "Start"]
     assert sorted(d.action for d in starts) == list(range(gen.n_actions))  # each action started exactly once
-    if policy in ("tangram", "static"):
-        assert not any(d.cross_group for d in starts), f"{policy} spanned topology groups"
+    if policy == "static":
+        assert not any(d.cross_group for d in starts), "static spanned topology groups"
+    if policy == "tangram":  # only a replica too large for every group of its node spans groups
+        nodes = {n.name: n for n in cl.gpu_nodes}
+        for d in starts:
+            if d.cross_group:
+                assert len(d.gpus) > max(nodes[d.node].groups), f"tangram spanned groups with {d.gpus} on {d.node}"
     if policy == "static":
         assert res.model_loads == 0 and not any(d.evict for d in starts)
         assert res.restores == 0
