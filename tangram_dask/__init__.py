@@ -23,9 +23,12 @@ _LAZY = {
     "Allocation": "allocation",
     "run_code": "sandbox",
     "run_command": "sandbox",
-    "end_trajectory": "sandbox",
     "RunResult": "sandbox",
     "SandboxPlugin": "sandbox",
+    "TangramSchedulerPlugin": "scheduler",
+    "TangramWorkerPlugin": "workers",
+    "end_trajectory": "client",
+    "run_live": "live",
 }
 
 __all__ = [

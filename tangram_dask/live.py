@@ -29,7 +29,7 @@ from distributed import Client, LocalCluster, Nanny, wait
 from .annotate import ANNOTATION
 from .cluster import ClusterSpec
 from .metrics import summarize
-from .policy import initial_replicas
+from .policy import TangramOptions, initial_replicas
 from .scheduler import END_TRAJECTORY_HANDLER, TangramSchedulerPlugin
 from .spec import ActionSpec
 from .workload import Generated, WorkloadSpec, generate
@@ -79,7 +79,7 @@ def worker_specs(cluster: ClusterSpec) -> dict[str, dict[str, Any]]:
 
 
 def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scale: float,
-                pipeline: int = 0) -> TangramSchedulerPlugin:
+                pipeline: int = 0, options: TangramOptions | None = None) -> TangramSchedulerPlugin:
     reps: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for r in initial_replicas(cluster, spec):
         reps.setdefault(r.node, []).append((r.model, tuple(r.gpus)))
@@ -87,11 +87,12 @@ def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scal
                                   replicas={k: tuple(v) for k, v in reps.items()}, time_scale=time_scale,
                                   pipeline=pipeline, warm_start_s=cluster.warm_start_s,
                                   cold_start_s=cluster.cold_start_s,
-                                  cross_group_slowdown=cluster.cross_group_slowdown)
+                                  cross_group_slowdown=cluster.cross_group_slowdown, tangram=options)
 
 
 async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale: float, pipeline: int,
-                   progress: Callable[[str, int, int], None] | None, low_latency: bool) -> dict[str, Any]:
+                   progress: Callable[[str, int, int], None] | None, low_latency: bool,
+                   options: TangramOptions | None = None) -> dict[str, Any]:
     spec = gen.spec
     kinds = spec.kinds
     n = gen.n_actions
@@ -104,7 +105,7 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
     step_start: list[float] = []
     step_end: list[float] = []
     slowdown = cluster.cross_group_slowdown
-    plugin = make_plugin(spec, cluster, policy, time_scale, pipeline)
+    plugin = make_plugin(spec, cluster, policy, time_scale, pipeline, options if policy == "tangram" else None)
     plugin.grants = grants = {}
     specs = worker_specs(cluster)
     async with LocalCluster(n_workers=0, processes=True, asynchronous=True, dashboard_address=None,
@@ -205,14 +206,16 @@ def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float
 
 def run_live(workload_spec: WorkloadSpec, cluster_spec: ClusterSpec, policies: tuple[str, ...] = ("tangram", "fifo"),
              time_scale: float = 0.05, *, pipeline: int = 0, low_latency: bool = True,
-             progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
+             progress: Callable[[str, int, int], None] | None = None,
+             options: TangramOptions | None = None) -> list[dict[str, Any]]:
     """Replay ``generate(workload_spec)`` live for each policy; the metrics of ``bench.simulate``, rescaled.
 
     ``low_latency`` shortens Dask's message batching to 1 ms for the run (see :func:`_low_latency`);
-    ``pipeline`` is the plugin's CPU overbooking (0: the policy's view is exact).
+    ``pipeline`` is the plugin's CPU dispatch-ahead (0: the policy's ledger is the simulator's);
+    ``options`` are the tangram policy's knobs, as in the simulator.
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale = {time_scale!r}: must be > 0")
     gen = generate(workload_spec)
-    return [asyncio.run(_run_one(gen, cluster_spec, p, time_scale, pipeline, progress, low_latency))
+    return [asyncio.run(_run_one(gen, cluster_spec, p, time_scale, pipeline, progress, low_latency, options))
             for p in policies]
