@@ -46,6 +46,7 @@ from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
+from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec, parse_models
 from .errors import PlacementError, SpecError
@@ -100,20 +101,20 @@ class PluginOptions:
 
     @classmethod
     def from_config(cls, **overrides: Any) -> "PluginOptions":
-        def cfg(name: str, default: Any) -> Any:  # dask's lookup: "api-tokens" and "api_tokens" alike
-            return dask.config.get(f"tangram.scheduler.{name}", default=default)
+        def cfg(name: str) -> Any:  # dask's lookup: "api-tokens" and "api_tokens" alike; defaults: tangram.yaml
+            return dask.config.get(f"tangram.scheduler.{name}")
 
-        models = cfg("models", None) or {}
+        models = cfg("models") or {}
         kw: dict[str, Any] = {
-            "policy": cfg("policy", "tangram"),
+            "policy": cfg("policy"),
             "models": parse_models(models, "dask config", "tangram.scheduler.models") if models else {},
-            "api_tokens": int(cfg("api-tokens", 0)),
-            "replicas": {str(w): tuple((m, tuple(g)) for m, g in reps) for w, reps in (cfg("replicas", None) or {}).items()},
-            "time_scale": float(cfg("time-scale", 1.0)),
-            "pipeline": int(cfg("pipeline", 1)),
-            "warm_start_s": float(cfg("warm-start-s", 0.0)),
-            "cold_start_s": float(cfg("cold-start-s", 0.0)),
-            "cross_group_slowdown": float(cfg("cross-group-slowdown", 1.0)),
+            "api_tokens": int(cfg("api-tokens")),
+            "replicas": {str(w): tuple((m, tuple(g)) for m, g in reps) for w, reps in (cfg("replicas") or {}).items()},
+            "time_scale": float(cfg("time-scale")),
+            "pipeline": int(cfg("pipeline")),
+            "warm_start_s": float(cfg("warm-start-s")),
+            "cold_start_s": float(cfg("cold-start-s")),
+            "cross_group_slowdown": float(cfg("cross-group-slowdown")),
         }
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)

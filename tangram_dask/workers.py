@@ -29,6 +29,7 @@ from typing import Any, Callable
 import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .messages import DECLARE_HANDLER, WorkerDeclaration
 
 logger = logging.getLogger("tangram_dask.workers")
