@@ -189,3 +189,13 @@ def approx(x: Any) -> Any:
 
 def deep(d: dict) -> dict:
     return copy.deepcopy(d)
+
+
+def bwrap_or_skip() -> str:
+    """The bwrap sandbox backend, or skip the test saying why bubblewrap cannot run here."""
+    from tangram_dask.sandbox import bwrap_available
+
+    ok, why = bwrap_available()
+    if not ok:
+        pytest.skip(f"bubblewrap unusable here: {why}")
+    return "bwrap"

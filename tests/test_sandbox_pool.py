@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conftest import bwrap_or_skip
+
 import os
 import threading
 
@@ -15,7 +17,6 @@ from tangram_dask.sandbox import (
     PoolOptions,
     RunResult,
     SandboxPool,
-    bwrap_available,
     containment,
     run_code,
     run_command,
@@ -23,16 +24,9 @@ from tangram_dask.sandbox import (
 from tangram_dask.sandbox.options import MiB
 
 
-def _backend() -> str:
-    ok, why = bwrap_available()
-    if not ok:
-        pytest.skip(f"bubblewrap unusable here: {why}")
-    return "bwrap"
-
-
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(backend=_backend(), size=2, max_uses=5, timeout_s=5, memory_bytes=512 * MiB) as p:
+    with SandboxPool(backend=bwrap_or_skip(), size=2, max_uses=5, timeout_s=5, memory_bytes=512 * MiB) as p:
         assert p.wait_ready(30)
         yield p
 
@@ -174,7 +168,7 @@ def test_outside_dask_without_a_pool_the_error_says_what_to_do():
 
 
 def test_closed_pool_refuses_with_a_reason():
-    p = SandboxPool(backend=_backend(), size=1).start()
+    p = SandboxPool(backend=bwrap_or_skip(), size=1).start()
     assert p.wait_ready(30)
     p.close()
     p.close()
@@ -197,7 +191,7 @@ def test_sandboxes_die_with_their_worker(backend, tmp_path):
     import time
 
     if backend == "bwrap":
-        _backend()
+        bwrap_or_skip()
     script = (
         "import sys, threading\n"
         "from tangram_dask.sandbox import SandboxPool, run_code\n"

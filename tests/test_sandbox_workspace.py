@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from conftest import bwrap_or_skip
 
 from tangram_dask import SandboxError
-from tangram_dask.sandbox import SandboxPool, bwrap_available, end_trajectory, run_code, snapshot_trajectory
+from tangram_dask.sandbox import SandboxPool, end_trajectory, run_code, snapshot_trajectory
 from tangram_dask.sandbox.workspace import Workspaces
-
-
-def _backend() -> str:
-    ok, why = bwrap_available()
-    if not ok:
-        pytest.skip(f"bubblewrap unusable here: {why}")
-    return "bwrap"
 
 
 @pytest.fixture(scope="module")
 def pools():
-    with SandboxPool(backend=_backend(), size=1) as a, SandboxPool(backend=_backend(), size=1) as b:
+    with SandboxPool(backend=bwrap_or_skip(), size=1) as a, SandboxPool(backend=bwrap_or_skip(), size=1) as b:
         yield a, b
 
 
