@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from conftest import bwrap_or_skip
-
 import os
 import threading
 
 import pytest
+from conftest import bwrap_or_skip
 
 from tangram_dask import SandboxError
 from tangram_dask.sandbox import (
