@@ -188,6 +188,7 @@ class Sandbox:
         self.mnt = self.box / "mnt"          # bound at the working dir's parent
         self.work = self.mnt / "work"        # the code's working dir (swapped for a trajectory's)
         self.tmp = self.box / "tmp"          # the code's /tmp
+        self.tmp_keep: set[str] = set()     # entries of /tmp that are mount points (kept by reset)
         self.uid = code_uid(options, self.name)
         self.uses = 0
         self.damaged = ""                    # why it must not be reused, if it must not
@@ -296,7 +297,7 @@ class Sandbox:
             return False
         try:
             self.new_workdir()
-            _empty_dir(self.tmp)
+            _empty_dir(self.tmp, keep=self.tmp_keep)
         except OSError as e:
             self.damaged = f"its directories could not be wiped: {e}"
             return False
@@ -484,8 +485,10 @@ def _rmtree(path: Path) -> None:
             raise OSError(f"could not remove {path}")
 
 
-def _empty_dir(path: Path) -> None:
+def _empty_dir(path: Path, keep: set[str] = frozenset()) -> None:
     for entry in os.scandir(path):
+        if entry.name in keep:
+            continue
         p = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
             _rmtree(p)
@@ -529,13 +532,16 @@ class BwrapSandbox(Sandbox):
             args += ["--ro-bind-try", etc, etc]
         binds = [p for p in _python_paths(self.options.python) + list(self.options.ro_binds)
                  if not p.startswith("/usr/")]
-        parents = sorted({"/".join(p.split("/")[:i]) for p in binds for i in range(2, p.count("/") + 1)})
-        for d in parents:  # bwrap would make them 0700: the code's uid could not reach the binds
-            args += ["--perms", "0755", "--dir", d]
-        for path in binds:
-            args += ["--ro-bind", path, path]
+        # an interpreter under /tmp (a checkout there) is bound after the private /tmp, over it
+        under_tmp = [p for p in binds if p.startswith("/tmp/")]
+        args += _ro_binds([p for p in binds if p not in under_tmp])
         args += ["--dev", "/dev", "--proc", "/proc",
-                 "--bind", str(self.tmp), "/tmp", "--bind", str(self.mnt), "/sandbox", "--chdir", "/"]
+                 "--bind", str(self.tmp), "/tmp", "--bind", str(self.mnt), "/sandbox"]
+        args += _ro_binds(under_tmp)
+        self.tmp_keep = {p.split("/")[2] for p in under_tmp}  # their mount points survive a reset
+        if under_tmp:  # bwrap (root without CAP_DAC_OVERRIDE) must pass through it: a /tmp's usual mode
+            os.chmod(self.tmp, 0o1777)
+        args += ["--chdir", "/"]
         return [*args, "--", self.options.python, "-I", "-c", _ZYGOTE_SRC, json.dumps(config)]
 
     def _start_fix(self) -> str:
@@ -555,6 +561,18 @@ class ProcessSandbox(Sandbox):
 
     def _command(self, config: dict[str, Any]) -> list[str]:
         return [self.options.python, "-I", "-c", _ZYGOTE_SRC, json.dumps(config)]
+
+
+def _ro_binds(paths: list[str]) -> list[str]:
+    """bwrap arguments binding ``paths`` read-only, their parents made 0755 (bwrap's own are 0700,
+    which the code's uid could not pass through)."""
+    args: list[str] = []
+    parents = sorted({"/".join(p.split("/")[:i]) for p in paths for i in range(2, p.count("/") + 1)})
+    for d in parents:
+        args += ["--perms", "0755", "--dir", d]
+    for path in paths:
+        args += ["--ro-bind", path, path]
+    return args
 
 
 def _python_paths(python: str) -> list[str]:
