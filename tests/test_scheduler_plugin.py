@@ -38,7 +38,7 @@ def _cpu_worker(name: str, slots: int, nthreads: int) -> dict:
 
 
 def start_cluster(plugin: TangramSchedulerPlugin, workers: dict[str, dict], **kw) -> LocalCluster:
-    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=None,
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
                            scheduler_kwargs={"plugins": [plugin], **kw})
     cluster.worker_spec.update(workers)
     cluster.sync(cluster._correct_state)
@@ -294,7 +294,7 @@ def test_parked_actions_are_restricted_to_an_address_that_never_joins(env):
 # -- install paths -------------------------------------------------------------------------------
 def test_install_with_client_register_plugin():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"slots": 1},
-                      dashboard_address=None, worker_dashboard_address=None) as cluster, Client(cluster) as client:
+                      dashboard_address=":0", worker_dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(TangramSchedulerPlugin())
         client.register_plugin(TangramSchedulerPlugin())  # twice: harmless
         plugin = cluster.scheduler.plugins["tangram"]
