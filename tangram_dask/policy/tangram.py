@@ -122,6 +122,7 @@ class TangramPolicy(Policy):
         self.reserved: dict[str, Reservation] = {}  # node -> its one reservation
         self.home_wait: dict[str, dict[ActionId, Pending]] = {}  # node -> stateful actions waiting for it
         self.home_deadlines: list[tuple[float, int, ActionId, str]] = []
+        self.freed_nodes: dict[str, None] = {}  # nodes with home waiters where slots were freed
         self.hints: dict[str, Welford] = {}  # per kind: log hints seen at submission
         self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
         self.active = 0
@@ -192,6 +193,7 @@ class TangramPolicy(Policy):
             self.rmin[r.spec.resource] -= r.spec.units_min
             if r.spec.resource == "cpu":
                 self.release_rate.add(now, r.units)
+                self._slots_freed(r.node)
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
         self._freed(r.spec)
@@ -202,8 +204,13 @@ class TangramPolicy(Policy):
         if r is not None:
             if r.spec.resource != "gpu":
                 self.rmin[r.spec.resource] -= r.spec.units_min
+                self._slots_freed(r.node)
             self._freed(r.spec)
         return done
+
+    def _slots_freed(self, node: str) -> None:
+        if node in self.home_wait:
+            self.freed_nodes[node] = None
 
     def _freed(self, spec: ActionSpec) -> None:
         if spec.resource == "gpu":
@@ -224,6 +231,7 @@ class TangramPolicy(Policy):
                 del self.reserved[node]
                 if rv.held:
                     self.cpu.give(node, rv.held)
+                    self._slots_freed(node)
                 self.rmin["cpu"] -= rv.p.spec.units_min
                 self.dirty["cpu"] = None
                 return True
@@ -351,10 +359,15 @@ class TangramPolicy(Policy):
 
     def _serve_home(self, now: float, out: list[Decision]) -> None:
         cpu = self.cpu
-        for node in list(self.home_wait):
-            waiting = self.home_wait[node]
-            while waiting and cpu.free.get(node, 0) >= next(iter(waiting.values())).spec.units_min \
-                    and node not in self.reserved:
+        freed, self.freed_nodes = self.freed_nodes, {}
+        for node in freed:  # only where slots were freed since the last pass
+            waiting = self.home_wait.get(node)
+            if waiting is None:
+                continue
+            if node in self.reserved:
+                self.freed_nodes[node] = None  # look again once the reservation has started
+                continue
+            while waiting and cpu.free.get(node, 0) >= next(iter(waiting.values())).spec.units_min:
                 aid, p = next(iter(waiting.items()))
                 del waiting[aid]
                 self._start_waiting(aid, p, node, now, out)
@@ -427,6 +440,7 @@ class TangramPolicy(Policy):
             idle_node = cpu.capacity[node] - cpu.free[node] == rv.held  # nothing else holds units here
             if rv.held >= rv.want or idle_node or (now >= rv.deadline and rv.held >= rv.p.spec.units_min):
                 del self.reserved[node]
+                self._slots_freed(node)  # its home waiters may use what is left
                 spec = rv.p.spec
                 out.append(self._start_cpu(rv.aid, spec, node, rv.held, now, rv.p.est * spec.scale(rv.held),
                                            taken=True))
