@@ -18,7 +18,7 @@ tokens, each model's GPU replicas); each decision goes through small phases:
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
-   elephant (top tail of its kind's hints) reserves slots on one node rather
+   elephant (top tail of its kind's estimates) reserves slots on one node rather
    than start small (``Reservation``).
 5. **reserve / release**: the ledger takes and returns units (:mod:`.ledger`).
 
@@ -55,7 +55,7 @@ class TangramOptions:
     admission: float = 0.0      # 0: admit every trajectory at once; >0: target CPU occupancy for admitting
     admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
     admission_cycles: float = 2.0  # no trajectory waits for admission longer than this many turn cycles
-    elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log hints
+    elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
 
 
 @dataclass(slots=True)
@@ -123,7 +123,7 @@ class TangramPolicy(Policy):
         self.home_wait: dict[str, dict[ActionId, Pending]] = {}  # node -> stateful actions waiting for it
         self.home_deadlines: list[tuple[float, int, ActionId, str]] = []
         self.freed_nodes: dict[str, None] = {}  # nodes with home waiters where slots were freed
-        self.hints: dict[str, Welford] = {}  # per kind: log hints seen at submission
+        self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
         self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
         self.active = 0
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
@@ -170,11 +170,11 @@ class TangramPolicy(Policy):
             t_u = est * spec.scale(u)
             self.turn_time.add(t_u)
             self.turn_work.add(t_u * u if spec.resource == "cpu" else 0.0)
-        if spec.hint_s:
-            w = self.hints.get(spec.kind)
+        if est > 0:
+            w = self.ests.get(spec.kind)
             if w is None:
-                w = self.hints[spec.kind] = Welford()
-            w.add(math.log(spec.hint_s))
+                w = self.ests[spec.kind] = Welford()
+            w.add(math.log(est))
         pool = spec.model if spec.resource == "gpu" else spec.resource
         q = self.queues.get(pool)
         if q is None:
@@ -400,7 +400,7 @@ class TangramPolicy(Policy):
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
         """In the top tail of its kind: long enough to set the step's end on its own."""
-        w = self.hints.get(spec.kind)
+        w = self.ests.get(spec.kind)
         if w is None or w.n < 8 or spec.units_max == spec.units_min:
             return False
         return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.var)
