@@ -88,6 +88,7 @@ class PluginOptions:
     warm_start_s: float = 0.0
     cold_start_s: float = 0.0
     cross_group_slowdown: float = 1.0
+    trajectory_ttl_s: float = 3600.0
     tangram: TangramOptions | None = None
 
     def __post_init__(self) -> None:
@@ -96,8 +97,8 @@ class PluginOptions:
                              f"{' or '.join(LIVE_POLICIES)} (static binds whole trajectories; simulate it)")
         if not self.time_scale > 0:
             raise ValueError(f"tangram.scheduler.time-scale = {self.time_scale!r}: must be > 0")
-        if self.pipeline < 0 or self.api_tokens < 0:
-            raise ValueError("tangram.scheduler.pipeline and api-tokens must be >= 0")
+        if self.pipeline < 0 or self.api_tokens < 0 or self.trajectory_ttl_s < 0:
+            raise ValueError("tangram.scheduler.pipeline, api-tokens and trajectory-ttl-s must be >= 0")
 
     @classmethod
     def from_config(cls, **overrides: Any) -> "PluginOptions":
@@ -115,6 +116,7 @@ class PluginOptions:
             "warm_start_s": float(cfg("warm-start-s")),
             "cold_start_s": float(cfg("cold-start-s")),
             "cross_group_slowdown": float(cfg("cross-group-slowdown")),
+            "trajectory_ttl_s": float(cfg("trajectory-ttl-s")),
         }
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
@@ -189,9 +191,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         o = self.options
         cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
                               warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
+        ttl = o.trajectory_ttl_s or None
         if o.policy == "tangram":
-            return TangramPolicy(cluster, dict(o.models), (), options=o.tangram)
-        return FifoPolicy(cluster, dict(o.models), ())
+            return TangramPolicy(cluster, dict(o.models), (), options=o.tangram, trajectory_ttl_s=ttl)
+        return FifoPolicy(cluster, dict(o.models), (), trajectory_ttl_s=ttl)
 
     async def start(self, scheduler: Any) -> None:
         if self.scheduler is scheduler:

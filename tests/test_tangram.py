@@ -196,3 +196,35 @@ def test_without_aging_the_long_action_starves():
     t_long, starts = _stream(TangramOptions(aging=0.0), until=60)
     assert t_long is None
     assert len(starts) == 61
+
+
+# -- trajectories never ended are forgotten after a TTL (live schedulers run for days) -----------
+def test_idle_trajectories_are_forgotten_after_the_ttl_and_active_ones_kept():
+    cluster = make_cluster(cpu=[{"slots": 2}])
+    pol = TangramPolicy(cluster, {}, [], trajectory_ttl_s=10.0)
+    stateful = lambda t: make_spec("tests", hint_s=1.0, trajectory=t, affinity="trajectory")  # noqa: E731
+    for i, (t, now) in enumerate([("idle", 0.0), ("busy", 0.0)]):
+        pol.submit(i, stateful(t), now)
+    assert {d.action for d in pol.schedule(0.0)} == {0, 1}
+    pol.finish(0, 1.0, 1.0)
+    pol.finish(1, 1.0, 1.0)
+    for step in range(1, 4):  # "busy" keeps acting every 5 s; "idle" never comes back
+        now = 1.0 + 5.0 * step
+        pol.submit(10 + step, stateful("busy"), now)
+        [d] = pol.schedule(now)
+        pol.finish(d.action, now + 1.0, 1.0)
+    pol.schedule(16.0)
+    assert "idle" not in pol.home and "idle" not in pol.traj_start
+    assert "busy" in pol.home and "busy" in pol.traj_start
+    assert len(pol._seen) == 1
+
+
+def test_no_ttl_keeps_every_trajectory_until_it_is_ended():
+    pol = TangramPolicy(make_cluster(cpu=[{"slots": 1}]), {}, [])
+    pol.submit(0, make_spec("tests", hint_s=1.0, trajectory="t", affinity="trajectory"), 0.0)
+    pol.schedule(0.0)
+    pol.finish(0, 1.0, 1.0)
+    pol.schedule(1e6)
+    assert pol.home == {"t": "cpu-0"}
+    pol.end_trajectory("t", 1e6)
+    assert "t" not in pol.home

@@ -45,7 +45,7 @@ class Policy:
     name = "base"
 
     def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec],
-                 replicas: Iterable[ReplicaSpec] = ()):
+                 replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None):
         self.cluster = cluster
         self.models = dict(models)
         self.cpu = CpuPool(cluster.cpu_nodes)
@@ -54,6 +54,9 @@ class Policy:
         self.gpu.initial(list(replicas), self.models)
         self.running: dict[ActionId, Running] = {}
         self.home: dict[str, str] = {}  # trajectory -> node of its last stateful action
+        # trajectories never ended by their caller are forgotten after ttl seconds without activity
+        self.trajectory_ttl_s = trajectory_ttl_s
+        self._seen: dict[str, float] = {}  # trajectory -> last activity, oldest first
         self._ready: list[Decision] = []
         self.decisions = 0
 
@@ -63,6 +66,22 @@ class Policy:
 
     def end_trajectory(self, trajectory: str, now: float) -> None:
         self.home.pop(trajectory, None)
+        self._seen.pop(trajectory, None)
+
+    def _touch(self, trajectory: str | None, now: float) -> None:
+        if self.trajectory_ttl_s is not None and trajectory is not None:
+            self._seen.pop(trajectory, None)
+            self._seen[trajectory] = now
+
+    def _expire(self, now: float) -> None:
+        """End the trajectories idle for longer than the TTL: O(1) amortised, oldest first."""
+        seen = self._seen
+        while seen:
+            t, last = next(iter(seen.items()))
+            if now - last < self.trajectory_ttl_s:
+                return
+            self.end_trajectory(t, now)
+            seen.pop(t, None)
 
     # -- actions ----------------------------------------------------------------
     def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
@@ -73,6 +92,7 @@ class Policy:
         if r is None:
             return
         self._release(r, now)
+        self._touch(r.spec.trajectory, now)
         self._finished(aid, r, now, run_s)
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
@@ -84,6 +104,8 @@ class Policy:
         return self._drop_pending(aid)
 
     def schedule(self, now: float) -> list[Decision]:
+        if self._seen:
+            self._expire(now)
         out = self._ready
         self._ready = []
         self._schedule(now, out)
@@ -145,6 +167,7 @@ class Policy:
                    est_s: float = 0.0, taken: bool = False) -> Start:
         if not taken:
             self.cpu.take(node, k)
+        self._touch(spec.trajectory, now)
         restore = False
         if spec.affinity == "trajectory":
             prev = self.home.get(spec.trajectory)

@@ -42,6 +42,7 @@ class StaticPolicy(Policy):
         self.admission[trajectory] = None
 
     def end_trajectory(self, trajectory: str, now: float) -> None:
+        super().end_trajectory(trajectory, now)
         b = self.bound.pop(trajectory, None)
         if b is not None:
             self.cpu.give(b.node, b.units)

@@ -161,6 +161,7 @@ class TangramPolicy(Policy):
             self._t0 = now
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
             self.traj_start[spec.trajectory] = now
+        self._touch(spec.trajectory, now)
         est = self.est.expected(spec)
         if self.opt.admission and spec.trajectory is not None:
             t_end = self.last_end.get(spec.trajectory)
