@@ -37,6 +37,7 @@ class Allocation:
     sandbox: str = "warm"
     setup_s: float = 0.0
     device_ids: tuple[int, ...] = ()
+    restore_from: str = ""  # with restore: the worker that held the trajectory's state
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -68,6 +69,7 @@ class Allocation:
             sandbox=grant.get("sandbox", "warm"),
             setup_s=float(grant.get("setup_s", 0.0)),
             device_ids=tuple(grant.get("device_ids", ())),
+            restore_from=grant.get("restore_from", ""),
         )
 
 

@@ -77,6 +77,7 @@ class Grant:
     sandbox: str = "warm"
     setup_s: float = 0.0
     device_ids: tuple[int, ...] = ()  # what CUDA_VISIBLE_DEVICES names (= gpus unless NVML reordered)
+    restore_from: str = ""  # with restore: the worker that holds the trajectory's state
 
     def to_msg(self) -> dict[str, Any]:
         d = asdict(self)
@@ -91,7 +92,7 @@ class Grant:
                    tuple(int(g) for g in d.get("gpus", ())), d.get("replica"), bool(d.get("load", False)),
                    tuple(int(r) for r in d.get("evict", ())), bool(d.get("restore", False)),
                    bool(d.get("cross_group", False)), str(d.get("sandbox", "warm")), float(d.get("setup_s", 0.0)),
-                   tuple(int(i) for i in d.get("device_ids", ())))
+                   tuple(int(i) for i in d.get("device_ids", ())), str(d.get("restore_from", "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -466,7 +466,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if decl.device_ids:
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
         grant = Grant(d.units, d.node, worker, d.gpus, d.replica, d.load, d.evict, d.restore, d.cross_group,
-                      d.sandbox, self._setup_s(d, spec), device_ids)
+                      d.sandbox, self._setup_s(d, spec), device_ids, d.restore_from)
         ann = dict(ts.annotations or {})
         tg = dict(ann.get(ANNOTATION) or {})
         tg["grant"] = grant.to_msg()

@@ -54,6 +54,9 @@ def test_messages_round_trip():
     assert WorkerDeclaration.from_msg(d.to_msg()) == d
     g = Grant(2, "tcp://a:1", "tcp://a:1", (2, 3), 7, True, (1,), False, False, "warm", 10.0, (1, 3))
     assert Grant.from_msg(g.to_msg()) == g
+    moved = Grant(1, "tcp://b:1", "tcp://b:1", restore=True, restore_from="tcp://a:1")
+    assert Grant.from_msg(moved.to_msg()) == moved
+    assert Allocation.from_annotation({"grant": moved.to_msg()}).restore_from == "tcp://a:1"
     with pytest.raises(ValueError, match="sum to gpus"):
         WorkerDeclaration(gpus=4, groups=(2, 1))
 

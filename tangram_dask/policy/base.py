@@ -169,12 +169,13 @@ class Policy:
             self.cpu.take(node, k)
         self._touch(spec.trajectory, now)
         restore = False
+        prev = None
         if spec.affinity == "trajectory":
             prev = self.home.get(spec.trajectory)
             restore = prev is not None and prev != node
             self.home[spec.trajectory] = node
         self.running[aid] = Running(spec, node, k, None, now, now + est_s)
-        return Start(aid, node, k, restore=restore)
+        return Start(aid, node, k, restore=restore, restore_from=prev if restore else "")
 
     def _start_api(self, aid: ActionId, spec: ActionSpec, k: int, now: float, est_s: float = 0.0) -> Start:
         self.api.take(k)

@@ -34,7 +34,8 @@ class Start:
     GPU actions name the GPUs and the replica; ``load`` means the replica is
     loaded first (after evicting ``evict``). ``restore`` means the
     trajectory's state is restored from another node first; ``cross_group``
-    that the GPUs span topology groups. ``sandbox`` says how a CPU action
+    that the GPUs span topology groups (``restore_from`` names the node the
+    state comes from). ``sandbox`` says how a CPU action
     gets its sandbox: ``"warm"`` from the node's pool, ``"cold"`` started
     for it, ``"bound"`` the trajectory's own, already running.
     """
@@ -49,6 +50,7 @@ class Start:
     restore: bool = False
     cross_group: bool = False
     sandbox: str = "warm"
+    restore_from: str = ""  # with restore: the node that holds the trajectory's state
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ task (a worker thread), never from the event loop.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from ..errors import SandboxError
@@ -20,6 +21,9 @@ from .pool import SandboxPool
 from .result import RunResult
 
 PLUGIN_NAME = "tangram-sandbox"
+TAKE_HANDLER = "tangram_sandbox_take"
+
+logger = logging.getLogger("tangram_dask.sandbox")
 
 
 def current_pool() -> SandboxPool:
@@ -39,7 +43,7 @@ def current_pool() -> SandboxPool:
     return pool
 
 
-def _grant(units: int | None, trajectory: str | None) -> tuple[int, str | None]:
+def _grant(units: int | None, trajectory: str | None) -> tuple[int, str | None, Any]:
     """Units and trajectory: the explicit ones, else the running action's grant, else 1 and none."""
     from ..allocation import current_allocation
 
@@ -48,13 +52,39 @@ def _grant(units: int | None, trajectory: str | None) -> tuple[int, str | None]:
         units = alloc.units if alloc is not None else 1
     if trajectory is None and alloc is not None and alloc.affinity == "trajectory":
         trajectory = alloc.trajectory
-    return units, trajectory
+    return units, trajectory, alloc
+
+
+def _pull_moved_state(pool: SandboxPool, trajectory: str, alloc: Any) -> None:
+    """The scheduler moved this trajectory here: take its working dir from the worker that had it."""
+    from distributed import get_worker
+    from distributed.utils import sync
+
+    worker = get_worker()
+    source = alloc.restore_from
+    if not source or source == worker.address or pool.has_trajectory(trajectory):
+        return
+
+    async def take() -> bytes | None:
+        return await worker.rpc(source).tangram_sandbox_take(trajectory=trajectory)
+
+    try:
+        data = sync(worker.loop, take)
+    except Exception as e:  # the source left: the trajectory starts afresh here, and says so
+        logger.warning("tangram sandbox: could not take trajectory %s from %s (%s: %s); it starts with an "
+                       "empty working dir here", trajectory, source, type(e).__name__, e)
+        return
+    if data:
+        pool.restore_trajectory(trajectory, data)
 
 
 def _run(pool: SandboxPool | None, units: int | None, trajectory: str | None, limits: dict[str, Any],
          **kwargs: Any) -> RunResult:
-    pool = pool if pool is not None else current_pool()
-    units, trajectory = _grant(units, trajectory)
+    explicit_pool = pool is not None
+    pool = pool if explicit_pool else current_pool()
+    units, trajectory, alloc = _grant(units, trajectory)
+    if trajectory is not None and alloc is not None and alloc.restore and not explicit_pool:
+        _pull_moved_state(pool, trajectory, alloc)
     lim = pool.options.limits.merged(**limits)
     with pool.acquire(units, trajectory) as lease:
         return lease.run(limits=lim, **kwargs)

@@ -17,7 +17,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-from .api import PLUGIN_NAME
+from .api import PLUGIN_NAME, TAKE_HANDLER
 from .options import PoolOptions
 from .pool import SandboxPool
 
@@ -44,6 +44,16 @@ class SandboxPlugin(WorkerPlugin):
         root = self.options.root or os.path.join(worker.local_directory, "tangram-sandbox")
         self.pool = SandboxPool(replace(self.options, size=max(1, size), root=root))
         await asyncio.to_thread(self.pool.start)
+        worker.handlers[TAKE_HANDLER] = self._take
+
+    async def _take(self, trajectory: str) -> bytes | None:
+        """Another worker takes over a trajectory the scheduler moved: its dir, removed here."""
+        pool = self.pool
+        if pool is None or not pool.has_trajectory(trajectory):
+            return None
+        data = await asyncio.to_thread(pool.snapshot_trajectory, trajectory)
+        await asyncio.to_thread(pool.end_trajectory, trajectory)
+        return data
 
     async def teardown(self, worker: Any) -> None:
         pool, self.pool = self.pool, None

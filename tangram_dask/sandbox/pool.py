@@ -297,6 +297,10 @@ class SandboxPool:
         """Remove a trajectory's working dir on this node; True if there was one."""
         return self._ws().end(trajectory)
 
+    def has_trajectory(self, trajectory: str) -> bool:
+        """Whether this node holds the trajectory's working dir."""
+        return self._ws().path(trajectory).exists()
+
     def snapshot_trajectory(self, trajectory: str) -> bytes:
         return self._ws().snapshot(trajectory)
 

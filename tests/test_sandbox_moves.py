@@ -1,0 +1,78 @@
+"""When the scheduler moves a stateful trajectory to another worker, its working dir follows.
+
+A real LocalCluster (two worker processes, one sandbox slot each) with the
+tangram scheduler plugin and the sandbox plugin: trajectory t-1 writes a
+file on its home worker; that worker is then kept busy, so the policy sends
+t-1's next stateful action elsewhere (restore_s is tiny, so waiting for home
+never pays); that action reads the file: the grant named where the state was,
+and the sandbox took it from there.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from distributed import Client, Event, LocalCluster
+
+import tangram_dask
+from tangram_dask.sandbox import SandboxPlugin
+
+
+def step(code: str) -> dict:
+    from distributed import get_worker
+    alloc = tangram_dask.current_allocation()
+    res = tangram_dask.run_code(code, timeout=10)
+    return {"worker": get_worker().address, "restore": alloc.restore, "restore_from": alloc.restore_from,
+            "stdout": res.stdout, "reason": res.reason}
+
+
+def hold(name: str) -> str:
+    from distributed import get_worker
+    Event(name).wait(30)
+    return get_worker().address
+
+
+def has_dir(trajectory: str, dask_worker=None) -> bool:
+    return dask_worker.plugins["tangram-sandbox"].pool.has_trajectory(trajectory)
+
+
+@pytest.fixture(scope="module")
+def client():
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", pipeline=0)
+    with LocalCluster(n_workers=2, threads_per_worker=2, resources={"slots": 1}, processes=True,
+                      dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]}) as cluster, \
+            Client(cluster) as c:
+        c.register_plugin(SandboxPlugin(size=1))
+        yield c
+
+
+def test_a_moved_trajectory_finds_its_working_dir(client):
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-1", affinity="trajectory",
+                    restore_s=0.001)
+    with tangram_dask.action(**stateful):
+        first = client.submit(step, "open('notes', 'w').write('step 1')", pure=False).result(timeout=60)
+    home = first["worker"]
+    assert first["reason"] == "ok" and not first["restore"]
+    # fill both workers, then free the other one: home stays busy
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=30):
+        blockers = {name: client.submit(hold, name, pure=False) for name in ("b-0", "b-1")}
+    deadline = time.monotonic() + 30
+    where: dict[str, str] = {}
+    while len(where) < 2:
+        assert time.monotonic() < deadline, client.processing()
+        where = {k: w for w, keys in client.processing().items() for k in keys
+                 if k in {f.key for f in blockers.values()}}
+        time.sleep(0.05)
+    on_other = next(name for name, f in blockers.items() if where[f.key] != home)
+    Event(on_other, client=client).set()
+    blockers[on_other].result(timeout=30)
+    with tangram_dask.action(**stateful):
+        moved = client.submit(step, "print(open('notes').read())", pure=False).result(timeout=60)
+    assert moved["worker"] != home and moved["restore"] and moved["restore_from"] == home
+    assert moved["stdout"] == "step 1\n", moved
+    assert client.run(has_dir, "t-1") == {home: False, moved["worker"]: True}  # taken, not copied
+    for name in blockers:
+        Event(name, client=client).set()
+    tangram_dask.end_trajectory(client, "t-1")
+    assert client.run(has_dir, "t-1") == {home: False, moved["worker"]: False}
