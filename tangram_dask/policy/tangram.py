@@ -123,6 +123,8 @@ class TangramPolicy(Policy):
         self.home_wait: dict[str, dict[ActionId, Pending]] = {}  # node -> stateful actions waiting for it
         self.home_deadlines: list[tuple[float, int, ActionId, str]] = []
         self.freed_nodes: dict[str, None] = {}  # nodes with home waiters where slots were freed
+        self.freed_res: dict[str, None] = {}  # reserved nodes where slots were freed
+        self.res_deadlines: list[tuple[float, int, str, ActionId]] = []
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
         self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
         self.active = 0
@@ -212,6 +214,8 @@ class TangramPolicy(Policy):
     def _slots_freed(self, node: str) -> None:
         if node in self.home_wait:
             self.freed_nodes[node] = None
+        if node in self.reserved:
+            self.freed_res[node] = None
 
     def _freed(self, spec: ActionSpec) -> None:
         if spec.resource == "gpu":
@@ -246,6 +250,7 @@ class TangramPolicy(Policy):
     def _capacity_changed(self) -> None:
         for pool in self.queues:
             self.dirty[pool] = None
+        self.freed_res.update(dict.fromkeys(self.reserved))  # a node may have left: look at each
 
     def _queued(self) -> dict[str, int]:
         out = {"cpu": 0, "api": 0, "gpu": 0}
@@ -346,7 +351,10 @@ class TangramPolicy(Policy):
                 gain = p.est * (spec.scale(room) - spec.scale(want))
                 if gain > self.opt.reserve_gain * wait:
                     cpu.take(node, room)
-                    self.reserved[node] = Reservation(aid, p, node, room, want, now + gain / self.opt.reserve_gain)
+                    deadline = now + gain / self.opt.reserve_gain
+                    self.reserved[node] = Reservation(aid, p, node, room, want, deadline)
+                    heappush(self.res_deadlines, (deadline, self._seq, node, aid))
+                    self._seq += 1
                     continue
             k = self._units(spec, room, cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now, p.est)
             out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
@@ -427,8 +435,19 @@ class TangramPolicy(Policy):
         self.dirty["cpu"] = None
 
     def _serve_reservations(self, now: float, out: list[Decision]) -> None:
+        """Reservations on nodes where slots were freed, or whose deadline passed: never a walk over all."""
         cpu = self.cpu
-        for node, rv in list(self.reserved.items()):
+        nodes, self.freed_res = self.freed_res, {}
+        dl = self.res_deadlines
+        while dl and dl[0][0] <= now:
+            _, _, node, aid = heappop(dl)
+            rv = self.reserved.get(node)
+            if rv is not None and rv.aid == aid:
+                nodes[node] = None
+        for node in nodes:
+            rv = self.reserved.get(node)
+            if rv is None:
+                continue
             if node not in cpu.free:  # the node left
                 del self.reserved[node]
                 self.rmin["cpu"] -= rv.p.spec.units_min
