@@ -1,6 +1,6 @@
 """Throughput of trivial actions against plain ``client.submit``, alternating in one run.
 
-    python benchmarks/throughput.py [--n 5000] [--rounds 3] [--pipeline 1]
+    python benchmarks/throughput.py [--n 5000] [--rounds 3] [--pipeline 2]
 
 One ``LocalCluster(n_workers=2, threads_per_worker=1)`` (worker processes,
 each declaring one sandbox slot) with the tangram plugin installed. Each
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--pipeline", type=int, default=1, help="units each CPU node is overbooked by (0 = exact)")
+    ap.add_argument("--pipeline", type=int, default=2, help="units each CPU node is overbooked by (0 = exact)")
     args = ap.parse_args(argv)
     plugin = TangramSchedulerPlugin("tangram", pipeline=args.pipeline)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"slots": 1},

@@ -84,7 +84,7 @@ class PluginOptions:
     api_tokens: int = 0
     replicas: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
     time_scale: float = 1.0
-    pipeline: int = 1
+    pipeline: int = 2
     warm_start_s: float = 0.0
     cold_start_s: float = 0.0
     cross_group_slowdown: float = 1.0

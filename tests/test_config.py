@@ -34,8 +34,8 @@ def test_schema_documents_every_default_and_nothing_else():
 
 
 def test_defaults_are_registered_and_overridable():
-    assert dask.config.get("tangram.scheduler.pipeline") == 1
-    assert PluginOptions.from_config().pipeline == 1
+    assert dask.config.get("tangram.scheduler.pipeline") == 2
+    assert PluginOptions.from_config().pipeline == 2
     with dask.config.set({"tangram.scheduler.pipeline": 0, "tangram.scheduler.api-tokens": 7}):
         opts = PluginOptions.from_config()
         assert (opts.pipeline, opts.api_tokens) == (0, 7)

@@ -117,11 +117,11 @@ def test_actions_obey_the_grant_on_each_worker(env):
 
 
 def test_dispatch_ahead_never_runs_more_units_than_a_worker_has():
-    """pipeline=1 (the default): each worker may be sent one action ahead, which waits
+    """pipeline=2 (the default): each worker may be sent actions ahead, which wait
     on the worker; no worker ever runs more units at once than its slots, and no
     action is granted more than its node's slots."""
     plugin = TangramSchedulerPlugin("tangram")
-    assert plugin.options.pipeline == 1
+    assert plugin.options.pipeline == 2
     workers = {"cpu-0": _cpu_worker("cpu-0", SLOTS, 3), "cpu-1": _cpu_worker("cpu-1", SLOTS, 3)}
     with start_cluster(plugin, workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
