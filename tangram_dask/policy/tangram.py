@@ -54,7 +54,7 @@ class TangramOptions:
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
     admission: float = 0.0      # 0: admit every trajectory at once; >0: target CPU occupancy for admitting
     admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
-    admission_cycles: float = 2.0  # no trajectory waits for admission longer than this many turn cycles
+    admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
 
 
@@ -283,7 +283,8 @@ class TangramPolicy(Policy):
             cycle = self.gaps.mean + self.turn_time.mean
             demand = self.turn_work.mean / max(cycle, 1e-6)
             limit = self.opt.admission * cap / max(demand, 1e-6)
-            max_wait = self.opt.admission_cycles * cycle
+            if self.opt.admission_cycles:
+                max_wait = self.opt.admission_cycles * cycle
         else:
             limit = cap  # nothing learned yet: one trajectory per slot
         while self.admission_queue:
