@@ -27,6 +27,7 @@ _LAZY = {
     "SandboxPlugin": "sandbox",
     "TangramSchedulerPlugin": "scheduler",
     "TangramWorkerPlugin": "workers",
+    "begin_trajectory": "client",
     "end_trajectory": "client",
     "run_live": "live",
 }

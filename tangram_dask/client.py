@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from .scheduler import begin_trajectory as _begin_on_scheduler
 from .scheduler import end_trajectory as _end_on_scheduler
+
+
+def begin_trajectory(client: Any, trajectory: str) -> Any:
+    """A trajectory is about to start: returns once the scheduler admits it.
+
+    With the default policy that is at once. With admission control
+    (``TangramOptions(admission=...)``) it waits while the external pool is
+    saturated, so a rollout starts only when its tools will not queue.
+    """
+    return _begin_on_scheduler(client, trajectory)
 
 
 def end_trajectory(client: Any, trajectory: str) -> list[str]:

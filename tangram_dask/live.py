@@ -30,7 +30,7 @@ from .annotate import ANNOTATION
 from .cluster import ClusterSpec
 from .metrics import summarize
 from .policy import TangramOptions, initial_replicas
-from .scheduler import END_TRAJECTORY_HANDLER, TangramSchedulerPlugin
+from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin
 from .spec import ActionSpec
 from .workload import Generated, WorkloadSpec, generate
 
@@ -127,6 +127,7 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
 
             async def trajectory(t: int) -> None:
                 name = f"{t // per_step}/{t % per_step}"
+                await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=name)
                 for a in range(first[t], first[t + 1]):
                     if llm[a] > 0:
                         await asyncio.sleep(llm[a] * time_scale)

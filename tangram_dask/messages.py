@@ -19,6 +19,7 @@ from typing import Any, Mapping
 #: Scheduler RPC handlers the plugin installs (one spelling: snake_case).
 DECLARE_HANDLER = "tangram_declare"
 END_TRAJECTORY_HANDLER = "tangram_end_trajectory"
+BEGIN_TRAJECTORY_HANDLER = "tangram_begin_trajectory"
 SNAPSHOT_HANDLER = "tangram_snapshot"
 
 

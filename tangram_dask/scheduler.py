@@ -35,6 +35,7 @@ does in the simulator.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,8 @@ from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec, parse_models
 from .errors import PlacementError, SpecError
-from .messages import (DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant, WorkerDeclaration)
+from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant,
+                       WorkerDeclaration)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import ReplicaSpec, Start
 from .spec import ActionSpec
@@ -176,6 +178,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._to_fail: dict[Hashable, str] = {}
         self._api_waiting: dict[Hashable, None] = {}
         self._kicked = False
+        self._admissions: dict[str, asyncio.Event] = {}  # trajectories waiting to be admitted
+        self._admitted: set[str] = set()
         self._t0 = 0.0
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
@@ -203,6 +207,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self.policy = self.build_policy()
         self._t0 = monotonic()
         scheduler.handlers[DECLARE_HANDLER] = self._handle_declare
+        scheduler.handlers[BEGIN_TRAJECTORY_HANDLER] = self._handle_begin_trajectory
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
         for addr in list(scheduler.workers):  # workers already there when the plugin arrived
@@ -420,8 +425,12 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if a.state == PENDING:
                     fails[key] = f"the tangram {self.options.policy} policy failed: {type(e).__name__}: {e}"
         for d in decisions:
-            if d.__class__ is not Start:
-                continue  # Admit: trajectory admission is the static policy's, not run live
+            if d.__class__ is not Start:  # Admit: a trajectory may begin
+                ev = self._admissions.pop(d.trajectory, None)
+                if ev is not None:
+                    self._admitted.add(d.trajectory)
+                    ev.set()
+                continue
             try:
                 self._apply(d, recs)
             except Exception as e:
@@ -524,9 +533,28 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                                      **({"worker": ts.processing_on.address} if ts.processing_on else {})))
 
     # -- RPC handlers -----------------------------------------------------------------------
+    async def _handle_begin_trajectory(self, trajectory: str) -> dict[str, str]:
+        """Returns once the policy admits the trajectory (at once, unless the policy gates admission)."""
+        if self.policy is None:
+            return {"status": "not-started"}
+        if trajectory in self._admitted:
+            return {"status": "OK"}
+        ev = self._admissions.get(trajectory)
+        if ev is None:
+            ev = self._admissions[trajectory] = asyncio.Event()
+            self.policy.begin_trajectory(trajectory, self.now())
+            self._kick()
+        await ev.wait()
+        return {"status": "OK" if trajectory in self._admitted else "ended"}
+
     def _handle_end_trajectory(self, trajectory: str) -> None:
         if self.policy is not None:
             self.policy.end_trajectory(trajectory, self.now())
+        self._admitted.discard(trajectory)
+        ev = self._admissions.pop(trajectory, None)
+        if ev is not None:  # ended while waiting to be admitted: let its caller go
+            ev.set()
+        self._kick()  # ending one may admit another
 
     def _handle_snapshot(self) -> dict[str, Any]:
         return self.snapshot()
@@ -541,6 +569,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
 
 # -- client helpers -------------------------------------------------------------------------
+def begin_trajectory(client: Any, trajectory: str) -> Any:
+    """Ask the scheduler to admit a trajectory; returns once admitted (a coroutine on an async client)."""
+    return client.sync(getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER), trajectory=trajectory)
+
+
 def end_trajectory(client: Any, trajectory: str) -> Any:
     """Tell the scheduler a trajectory is over (its stateful actions have no home any more)."""
     return client.sync(getattr(client.scheduler, END_TRAJECTORY_HANDLER), trajectory=trajectory)

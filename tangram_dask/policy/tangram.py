@@ -277,7 +277,7 @@ class TangramPolicy(Policy):
         Demand of one active trajectory = CPU unit-seconds per turn (at units.max)
         / (LLM gap + action time), all learned from what was submitted so far.
         """
-        cap = max(self.cpu.total, 1)
+        cap = max(self.cpu.slots, 1)
         max_wait = math.inf
         if self.gaps.n >= 16 and self.turn_work.n >= 16:
             cycle = self.gaps.mean + self.turn_time.mean

@@ -157,7 +157,13 @@ def move_trajectory(client: Any, trajectory: str, source: str, destination: str)
     return len(data)
 
 
+def _end_here(trajectory: str, dask_worker: Any = None) -> bool:
+    plugin = dask_worker.plugins.get(PLUGIN_NAME) if dask_worker is not None else None
+    pool = getattr(plugin, "pool", None)
+    return pool is not None and pool.end_trajectory(trajectory)
+
+
 def end_trajectory_everywhere(client: Any, trajectory: str) -> list[str]:
-    """End a trajectory on every worker; the addresses of those that had its dir."""
-    done = client.run(_on_worker, "end_trajectory", trajectory)
+    """End a trajectory on every worker that has sandboxes; the addresses of those that had its dir."""
+    done = client.run(_end_here, trajectory)
     return sorted(addr for addr, had in done.items() if had)
