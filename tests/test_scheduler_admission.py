@@ -37,7 +37,7 @@ def test_admission_holds_a_trajectory_until_capacity_frees():
 
 
 def test_without_admission_every_trajectory_begins_at_once():
-    plugin = tangram_dask.TangramSchedulerPlugin("tangram", pipeline=0)
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=0), pipeline=0)
     with _cluster(plugin) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         for i in range(20):  # no gate: each is admitted by the next scheduling pass

@@ -228,3 +228,17 @@ def test_no_ttl_keeps_every_trajectory_until_it_is_ended():
     assert pol.home == {"t": "cpu-0"}
     pol.end_trajectory("t", 1e6)
     assert "t" not in pol.home
+
+
+def test_ending_a_trajectory_that_was_never_admitted_does_not_free_a_place():
+    """Admission counts only trajectories it admitted: ending others (never begun, or still
+    waiting) must not open the gate for one more."""
+    pol = TangramPolicy(make_cluster(cpu=[{"slots": 1}]), {}, [], options=TangramOptions(admission=1.0))
+    pol.end_trajectory("never-begun", 0.0)
+    for t in ("a", "b", "c"):
+        pol.begin_trajectory(t, 0.0)
+    assert [d.trajectory for d in pol.schedule(0.0)] == ["a"]  # one place per slot before any learning
+    pol.end_trajectory("c", 1.0)  # still waiting: leaves the queue, frees nothing
+    assert pol.schedule(1.0) == [] and pol.active == 1
+    pol.end_trajectory("a", 2.0)
+    assert [d.trajectory for d in pol.schedule(2.0)] == ["b"]

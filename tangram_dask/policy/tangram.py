@@ -52,7 +52,7 @@ class TangramOptions:
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
-    admission: float = 0.0      # 0: admit every trajectory at once; >0: target CPU occupancy for admitting
+    admission: float = 1.0      # admit trajectories while expected CPU demand < this x capacity (0: all at once)
     admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
@@ -128,6 +128,7 @@ class TangramPolicy(Policy):
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
         self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
         self.active = 0
+        self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
         self.turn_time = Welford()  # expected action time at units.max
@@ -144,7 +145,9 @@ class TangramPolicy(Policy):
 
     def end_trajectory(self, trajectory: str, now: float) -> None:
         super().end_trajectory(trajectory, now)
-        if self.admission_queue.pop(trajectory, None) is None and self.opt.admission:
+        self.admission_queue.pop(trajectory, None)
+        if trajectory in self.admitted:
+            self.admitted.discard(trajectory)
             self.active -= 1
         self.last_end.pop(trajectory, None)
         t0 = self.traj_start.pop(trajectory, None)
@@ -292,6 +295,7 @@ class TangramPolicy(Policy):
             if self.active >= limit and now - asked < max_wait:
                 break
             del self.admission_queue[t]
+            self.admitted.add(t)
             self.active += 1
             self.last_end[t] = now
             out.append(Admit(t))
