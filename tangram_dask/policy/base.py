@@ -7,6 +7,7 @@ iteration over unordered sets).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -56,7 +57,7 @@ class Policy:
         self.home: dict[str, str] = {}  # trajectory -> node of its last stateful action
         # trajectories never ended by their caller are forgotten after ttl seconds without activity
         self.trajectory_ttl_s = trajectory_ttl_s
-        self._seen: dict[str, float] = {}  # trajectory -> last activity, oldest first
+        self._seen: OrderedDict[str, float] = OrderedDict()  # trajectory -> last activity, oldest first
         self._ready: list[Decision] = []
         self.decisions = 0
 
@@ -70,8 +71,8 @@ class Policy:
 
     def _touch(self, trajectory: str | None, now: float) -> None:
         if self.trajectory_ttl_s is not None and trajectory is not None:
-            self._seen.pop(trajectory, None)
             self._seen[trajectory] = now
+            self._seen.move_to_end(trajectory)
 
     def _expire(self, now: float) -> None:
         """End the trajectories idle for longer than the TTL: O(1) amortised, oldest first."""

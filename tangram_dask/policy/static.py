@@ -10,6 +10,7 @@ idle replica of its own model, oldest first. Nothing is ever loaded or evicted.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..spec import ActionSpec
@@ -33,7 +34,7 @@ class StaticPolicy(Policy):
             raise ValueError(f"static.sandbox_units must be >= 1, got {sandbox_units}")
         self.sandbox_units = sandbox_units
         self.tokens_per = api_tokens_per_trajectory
-        self.admission: dict[str, None] = {}
+        self.admission: OrderedDict[str, None] = OrderedDict()  # O(1) oldest first, unlike a dict
         self.bound: dict[str, Binding] = {}
         self.gpu_wait: dict[ActionId, ActionSpec] = {}
         self.cold_start_s = self.cluster.cold_start_s
@@ -79,9 +80,8 @@ class StaticPolicy(Policy):
     def _schedule(self, now: float, out: list[Decision]) -> None:
         tokens = self.tokens_per
         while self.admission and self.cpu.max_free >= self.sandbox_units and self.api.total_free >= tokens:
-            t = next(iter(self.admission))
+            t, _ = self.admission.popitem(last=False)
             node = self.cpu.first_fit(self.sandbox_units)
-            del self.admission[t]
             self.cpu.take(node, self.sandbox_units)
             if tokens:
                 self.api.take(tokens)

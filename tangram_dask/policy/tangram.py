@@ -33,6 +33,7 @@ topology groups, and they are rare.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -126,7 +127,8 @@ class TangramPolicy(Policy):
         self.freed_res: dict[str, None] = {}  # reserved nodes where slots were freed
         self.res_deadlines: list[tuple[float, int, str, ActionId]] = []
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
-        self.admission_queue: dict[str, float] = {}  # trajectory -> when it asked
+        # trajectory -> when it asked; an OrderedDict: a plain dict's first item costs O(deleted) to reach
+        self.admission_queue: OrderedDict[str, float] = OrderedDict()
         self.active = 0
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
@@ -294,7 +296,7 @@ class TangramPolicy(Policy):
             t, asked = next(iter(self.admission_queue.items()))
             if self.active >= limit and now - asked < max_wait:
                 break
-            del self.admission_queue[t]
+            self.admission_queue.popitem(last=False)
             self.admitted.add(t)
             self.active += 1
             self.last_end[t] = now
