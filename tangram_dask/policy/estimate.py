@@ -80,9 +80,3 @@ class Estimator:
         if spec.hint_s:
             ks.error.add(math.log(spec.hint_s) - lw)
         ks.est_cache = None
-
-    def mean(self, kind: str, fallback: float) -> float:
-        ks = self.kinds.get(kind)
-        if ks is None or ks.work.n < MIN_SAMPLES:
-            return fallback
-        return math.exp(ks.work.mean + ks.work.var / 2)

@@ -298,18 +298,6 @@ class GpuPool:
             self.ready[r.model][r.id] = None
 
     # -- queries -----------------------------------------------------------------
-    def evictable_memory(self, node: str, i: int, keep: set[str] | None = None) -> float:
-        """Memory on GPU i once every idle replica not of a model in ``keep`` is evicted."""
-        g = self.nodes[node].gpus[i]
-        if g.busy:
-            return g.mem_free
-        free = g.mem_free
-        for rid in g.replicas:
-            r = self.replicas[rid]
-            if not r.busy and (keep is None or r.model not in keep):
-                free += r.share_gb
-        return free
-
     def eviction_plan(self, node: str, gpus: tuple[int, ...], share: float, order: list[ReplicaId]) -> list[ReplicaId] | None:
         """Replicas to evict (taken from ``order``, first first) so each GPU has ``share`` free; None if impossible."""
         st = self.nodes[node]

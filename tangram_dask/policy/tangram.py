@@ -129,7 +129,6 @@ class TangramPolicy(Policy):
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
         # trajectory -> when it asked; an OrderedDict: a plain dict's first item costs O(deleted) to reach
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
-        self.active = 0
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
@@ -148,14 +147,17 @@ class TangramPolicy(Policy):
     def end_trajectory(self, trajectory: str, now: float) -> None:
         super().end_trajectory(trajectory, now)
         self.admission_queue.pop(trajectory, None)
-        if trajectory in self.admitted:
-            self.admitted.discard(trajectory)
-            self.active -= 1
+        self.admitted.discard(trajectory)
         self.last_end.pop(trajectory, None)
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
             self.traj_sum += now - t0
+
+    @property
+    def active(self) -> int:
+        """Trajectories admitted through the gate and not yet ended."""
+        return len(self.admitted)
 
     def _t_ref(self, now: float) -> float:
         """The scale of a trajectory's length: mean of those ended, else the time elapsed."""
@@ -298,7 +300,6 @@ class TangramPolicy(Policy):
                 break
             self.admission_queue.popitem(last=False)
             self.admitted.add(t)
-            self.active += 1
             self.last_end[t] = now
             out.append(Admit(t))
 
