@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip uninstall -y -q pynvml 2>/dev/null || true  # the old NVML package shadows nvidia-ml-py
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 

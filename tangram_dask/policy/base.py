@@ -124,6 +124,11 @@ class Policy:
         self.gpu.initial(list(replicas), self.models)
         self._capacity_changed()
 
+    def set_model(self, model: ModelSpec) -> None:
+        """A model was registered, or its memory or load time measured: later decisions use it."""
+        self.models[model.name] = model
+        self._capacity_changed()
+
     def set_api_tokens(self, tokens: int) -> None:
         self.api.resize(tokens)
         self._capacity_changed()

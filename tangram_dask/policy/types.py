@@ -73,30 +73,62 @@ Decision = Start | Admit
 
 @dataclass(frozen=True, slots=True)
 class Shortfall:
-    """Why the head of a queue waits: ``requested`` units of ``resource``, ``free`` of them free."""
+    """Why an action waits, as data (never an exception).
+
+    ``requested`` units of ``resource`` (in pool ``pool``: ``"cpu"``, ``"api"``
+    or a model's name) were asked; ``free`` are free now where the action could
+    go; ``largest`` is what the largest current node (or the whole quota) could
+    ever give it. ``never`` is true when no current node can ever hold it
+    (``requested > largest``): it waits only for a larger node to join (an
+    autoscaler reads this), or errs at once.
+    """
 
     resource: str
     requested: int
     free: int
     reason: str = ""
+    pool: str = ""
+    largest: int = 0
+    never: bool = False
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class PoolStats:
+    """One pool of the policy: CPU slots, API tokens, or one model's GPUs.
+
+    ``queued_units`` is the sum of ``units.min`` over waiting actions and
+    ``queued_work_s`` the sum of their expected work in unit-seconds at
+    ``units.min`` (estimate x units.min): what an autoscaler needs to size a
+    target. ``head`` says why the first waiting action waits.
+    """
+
     resource: str
     capacity: int
     free: int
     queued: int
     running: int
     head: Shortfall | None = None
+    pool: str = ""
+    queued_units: int = 0
+    queued_work_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class PolicySnapshot:
-    """A frozen view for dashboards, metrics and the autoscaler."""
+    """A frozen view for dashboards, metrics and the autoscaler.
+
+    ``pools``: one :class:`PoolStats` per resource (``pool == resource``:
+    "cpu", "gpu", "api"), then one per model with waiting or running actions
+    (``resource == "gpu"``, ``pool`` the model's name). ``unplaceable``: the
+    actions no current node can ever hold, each as a :class:`Shortfall` with
+    ``never=True``. ``admission_queue``: trajectories waiting to be admitted.
+    """
 
     policy: str
     pools: tuple[PoolStats, ...]
     replicas: tuple[tuple[str, str, tuple[int, ...], bool], ...] = ()  # model, node, gpus, busy
     decisions: int = 0
     extra: dict = field(default_factory=dict)
+    unplaceable: tuple[Shortfall, ...] = ()
+    admission_queue: int = 0
