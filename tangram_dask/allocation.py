@@ -38,6 +38,7 @@ class Allocation:
     setup_s: float = 0.0
     device_ids: tuple[int, ...] = ()
     restore_from: str = ""  # with restore: the worker that held the trajectory's state
+    evict: tuple[int, ...] = ()  # replicas (policy ids) to evict before loading this one
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -70,6 +71,7 @@ class Allocation:
             setup_s=float(grant.get("setup_s", 0.0)),
             device_ids=tuple(grant.get("device_ids", ())),
             restore_from=grant.get("restore_from", ""),
+            evict=tuple(int(r) for r in grant.get("evict", ())),
         )
 
 
