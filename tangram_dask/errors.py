@@ -3,6 +3,8 @@
     TangramError                    base of everything below
     ├── SpecError (ValueError)      an action spec is wrong: the caller's fault
     ├── FileFormatError (ValueError) a workload or cluster file is wrong: the file's fault
+    ├── ConfigError (ValueError)    a ``tangram:`` dask config key is unknown or has a bad value
+    ├── PluginMissingError          actions sent to a scheduler without the tangram plugin
     ├── PlacementError              the scheduler could not place an action (plugin side)
     └── SandboxError                a sandbox could not be created or used (worker side)
 
@@ -37,6 +39,23 @@ class FileFormatError(TangramError, ValueError):
         self.key = key
         self.problem = problem
         super().__init__(f"{path}: {key}: {problem}")
+
+
+class ConfigError(TangramError, ValueError):
+    """A ``tangram:`` dask config key is unknown or has a bad value.
+
+    ``key`` is the dotted path (``tangram.worker.slots``), ``value`` what was given.
+    """
+
+    def __init__(self, key: str, value: object, problem: str):
+        self.key = key
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{key}: {problem}")
+
+
+class PluginMissingError(TangramError):
+    """Actions were sent to a scheduler that does not run the tangram scheduler plugin."""
 
 
 class PlacementError(TangramError):

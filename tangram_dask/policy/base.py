@@ -129,6 +129,15 @@ class Policy:
         self.models[model.name] = model
         self._capacity_changed()
 
+    def rehome(self, trajectory: str, node: str) -> None:
+        """A trajectory's state was moved to ``node`` (e.g. off a worker being retired)."""
+        if trajectory in self.home:
+            self.home[trajectory] = node
+
+    def homes_on(self, node: str) -> list[str]:
+        """The trajectories whose state lives on ``node``."""
+        return [t for t, n in self.home.items() if n == node]
+
     def set_api_tokens(self, tokens: int) -> None:
         self.api.resize(tokens)
         self._capacity_changed()

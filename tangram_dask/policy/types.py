@@ -115,6 +115,24 @@ class PoolStats:
 
 
 @dataclass(frozen=True)
+class NodeStats:
+    """One node as the policy sees it (for the dashboard and for retiring workers safely).
+
+    ``homes``: trajectories whose stateful working dir lives there;
+    ``replicas_needed``: resident replicas of models that waiting actions need.
+    """
+
+    node: str
+    resource: str  # "cpu" | "gpu"
+    capacity: int
+    free: int
+    running: int
+    homes: int = 0
+    replicas: int = 0
+    replicas_needed: int = 0
+
+
+@dataclass(frozen=True)
 class PolicySnapshot:
     """A frozen view for dashboards, metrics and the autoscaler.
 
@@ -132,3 +150,4 @@ class PolicySnapshot:
     extra: dict = field(default_factory=dict)
     unplaceable: tuple[Shortfall, ...] = ()
     admission_queue: int = 0
+    nodes: tuple[NodeStats, ...] = ()
