@@ -38,21 +38,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from time import monotonic, perf_counter
 from typing import Any, Hashable, Mapping
 
-import dask
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
-from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec, parse_models
+from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .errors import PlacementError, SpecError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant,
                        WorkerDeclaration)
+from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import ReplicaSpec, Start
 from .spec import ActionSpec
@@ -63,65 +63,8 @@ logger = logging.getLogger("tangram_dask.scheduler")
 #: The worker address parked actions are restricted to. No worker has it.
 PARK = "tangram://parked"
 
-LIVE_POLICIES = ("tangram", "fifo")
-
 # Action states (scheduler side)
 NEW, PENDING, GRANTED, DONE, FAILED = "new", "pending", "granted", "done", "failed"
-
-
-@dataclass(frozen=True)
-class PluginOptions:
-    """Everything the plugin is configured with; ``from_config`` reads ``tangram.scheduler``.
-
-    ``replicas`` maps a GPU worker's *name* to the model replicas resident on
-    it when it joins: ``{"gpu-0": (("rm-small", (0,)),)}``. ``time_scale``
-    makes the policy see ``wall seconds / time_scale`` (benchmarks that run a
-    workload faster than real time). ``pipeline`` overbooks each CPU node by
-    that many units so the scheduler can hand a worker its next action before
-    the current one ends (see docs/placement.md, "Pipelining").
-    """
-
-    policy: str = "tangram"
-    models: Mapping[str, ModelSpec] = field(default_factory=dict)
-    api_tokens: int = 0
-    replicas: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
-    time_scale: float = 1.0
-    pipeline: int = 2
-    warm_start_s: float = 0.0
-    cold_start_s: float = 0.0
-    cross_group_slowdown: float = 1.0
-    trajectory_ttl_s: float = 3600.0
-    tangram: TangramOptions | None = None
-
-    def __post_init__(self) -> None:
-        if self.policy not in LIVE_POLICIES:
-            raise ValueError(f"tangram.scheduler.policy = {self.policy!r}: the live plugin runs "
-                             f"{' or '.join(LIVE_POLICIES)} (static binds whole trajectories; simulate it)")
-        if not self.time_scale > 0:
-            raise ValueError(f"tangram.scheduler.time-scale = {self.time_scale!r}: must be > 0")
-        if self.pipeline < 0 or self.api_tokens < 0 or self.trajectory_ttl_s < 0:
-            raise ValueError("tangram.scheduler.pipeline, api-tokens and trajectory-ttl-s must be >= 0")
-
-    @classmethod
-    def from_config(cls, **overrides: Any) -> "PluginOptions":
-        def cfg(name: str) -> Any:  # dask's lookup: "api-tokens" and "api_tokens" alike; defaults: tangram.yaml
-            return dask.config.get(f"tangram.scheduler.{name}")
-
-        models = cfg("models") or {}
-        kw: dict[str, Any] = {
-            "policy": cfg("policy"),
-            "models": parse_models(models, "dask config", "tangram.scheduler.models") if models else {},
-            "api_tokens": int(cfg("api-tokens")),
-            "replicas": {str(w): tuple((m, tuple(g)) for m, g in reps) for w, reps in (cfg("replicas") or {}).items()},
-            "time_scale": float(cfg("time-scale")),
-            "pipeline": int(cfg("pipeline")),
-            "warm_start_s": float(cfg("warm-start-s")),
-            "cold_start_s": float(cfg("cold-start-s")),
-            "cross_group_slowdown": float(cfg("cross-group-slowdown")),
-            "trajectory_ttl_s": float(cfg("trajectory-ttl-s")),
-        }
-        kw.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**kw)
 
 
 @dataclass(slots=True)
