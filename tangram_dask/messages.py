@@ -21,6 +21,12 @@ DECLARE_HANDLER = "tangram_declare"
 END_TRAJECTORY_HANDLER = "tangram_end_trajectory"
 BEGIN_TRAJECTORY_HANDLER = "tangram_begin_trajectory"
 SNAPSHOT_HANDLER = "tangram_snapshot"
+#: Reward-model residency (tangram_dask.models): client -> scheduler, worker -> scheduler, scheduler -> worker.
+REGISTER_MODEL_HANDLER = "tangram_register_model"
+MODELS_HANDLER = "tangram_models"
+RESIDENCY_HANDLER = "tangram_residency"  # a worker's stream message: a replica's state changed
+WORKER_MODEL_HANDLER = "tangram_worker_model"  # the scheduler hands a worker a registration
+WORKER_EVICT_HANDLER = "tangram_worker_evict"  # the scheduler asks a worker to evict an idle replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,7 @@ class WorkerDeclaration:
     api: int = 0
     source: str = "resources"
     device_ids: tuple[int, ...] = ()  # device index of each policy GPU (NVML may reorder)
+    device_uuids: tuple[str, ...] = ()  # NVML UUID (GPU-... or MIG-...) of each policy GPU, where known
 
     def __post_init__(self) -> None:
         if self.gpus and sum(self.groups) != self.gpus:
@@ -50,13 +57,14 @@ class WorkerDeclaration:
         d = asdict(self)
         d["groups"] = list(self.groups)
         d["device_ids"] = list(self.device_ids)
+        d["device_uuids"] = list(self.device_uuids)
         return d
 
     @classmethod
     def from_msg(cls, d: Mapping[str, Any]) -> "WorkerDeclaration":
         return cls(int(d.get("slots", 0)), int(d.get("gpus", 0)), float(d.get("gpu_memory_gb", 0.0)),
                    tuple(int(g) for g in d.get("groups", ())), int(d.get("api", 0)), str(d.get("source", "")),
-                   tuple(int(i) for i in d.get("device_ids", ())))
+                   tuple(int(i) for i in d.get("device_ids", ())), tuple(str(u) for u in d.get("device_uuids", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +110,65 @@ class EndTrajectory:
 
     def to_msg(self) -> dict[str, Any]:
         return {"trajectory": self.trajectory}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRegistration:
+    """client -> scheduler -> every worker: a reward model and how to load it.
+
+    ``loader`` is the pickled ``(devices) -> scorer`` callable; ``memory_gb``
+    is the declared memory of one replica (all its GPUs together) and
+    ``load_s`` the declared load time, both replaced by what the first load
+    measured; ``units`` is the (min, max) GPUs of one replica."""
+
+    name: str
+    loader: bytes
+    memory_gb: float
+    units: tuple[int, int] = (1, 1)
+    load_s: float = 1.0
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"name": self.name, "loader": self.loader, "memory_gb": self.memory_gb,
+                "units": list(self.units), "load_s": self.load_s}
+
+    @classmethod
+    def from_msg(cls, d: Mapping[str, Any]) -> "ModelRegistration":
+        lo, hi = d.get("units", (1, 1))
+        return cls(str(d["name"]), bytes(d["loader"]), float(d["memory_gb"]), (int(lo), int(hi)),
+                   float(d.get("load_s", 1.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyReport:
+    """worker -> scheduler, each time one replica changes state (not on the heartbeat).
+
+    ``state``: ``loading``, ``resident``, ``evicted`` or ``failed``.
+    ``bytes_per_gpu``: what the replica holds on each of its GPUs, as
+    ``measured_by`` says (``cuda``: CUDA's allocated memory, before and after
+    the load; ``params``: the model's parameter bytes, split over its GPUs).
+    ``param_bytes`` is the parameter bytes of the whole replica either way.
+    ``free_bytes``: each of the worker's GPUs' free memory after the change."""
+
+    replica: int
+    model: str
+    state: str
+    gpus: tuple[int, ...] = ()
+    bytes_per_gpu: int = 0
+    param_bytes: int = 0
+    measured_by: str = ""
+    load_s: float = 0.0
+    error: str = ""
+    free_bytes: tuple[int, ...] = ()
+
+    def to_msg(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        d["free_bytes"] = list(self.free_bytes)
+        return d
+
+    @classmethod
+    def from_msg(cls, d: Mapping[str, Any]) -> "ResidencyReport":
+        return cls(int(d["replica"]), str(d["model"]), str(d["state"]), tuple(int(g) for g in d.get("gpus", ())),
+                   int(d.get("bytes_per_gpu", 0)), int(d.get("param_bytes", 0)), str(d.get("measured_by", "")),
+                   float(d.get("load_s", 0.0)), str(d.get("error", "")),
+                   tuple(int(b) for b in d.get("free_bytes", ())))
