@@ -13,8 +13,10 @@ from typing import Iterable
 
 from ..cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from ..spec import ActionSpec
+from .feasibility import Capacity, GpuShape, never_fits
 from .ledger import CpuPool, GpuPool, TokenPool
-from .types import ActionId, Admit, Decision, PolicySnapshot, PoolStats, ReplicaId, ReplicaSpec, Start
+from .types import (ActionId, Admit, Decision, NodeStats, PolicySnapshot, PoolStats, Reject, ReplicaId, ReplicaSpec,
+                    Shortfall, Start)
 
 
 @dataclass(slots=True)
@@ -35,19 +37,31 @@ class Policy:
     Calls, in any order the world produces them:
 
     - ``begin_trajectory(t, now)`` / ``end_trajectory(t, now)``
-    - ``submit(action_id, spec, now)``: an action is issued and waits
+    - ``submit(action_id, spec, now)``: an action is issued and waits; returns
+      a :class:`Shortfall` (``never=True``) when no current node can ever hold
+      it (see ``wait_unplaceable`` below), else None
     - ``finish(action_id, now, run_s)``: it ended; ``run_s`` is its observed
       run time (setup excluded), which the policy may learn from
     - ``cancel(action_id)``: forget it, free what it held
     - ``add_cpu_node`` / ``add_gpu_node`` / ``remove_node`` / ``set_api_tokens``
-    - ``schedule(now) -> list[Start | Admit]``: what to start now
+    - ``schedule(now) -> list[Start | Admit | Reject]``: what to start now
+
+    Actions no current node can ever hold (:mod:`.feasibility`) never enter a
+    pool, so they block nothing. With ``wait_unplaceable=False`` (the default)
+    they are rejected at once, unless no node of their kind has joined at all
+    (then they wait, as Dask's own tasks wait for a worker); with True (an
+    autoscaler is on) they wait, listed in ``snapshot().unplaceable``, until a
+    node that can hold them joins. A decision that raises rejects that one
+    action; every counter is as it was before it.
     """
 
     name = "base"
 
     def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec],
-                 replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None):
+                 replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None,
+                 wait_unplaceable: bool = False):
         self.cluster = cluster
+        self.wait_unplaceable = wait_unplaceable
         self.models = dict(models)
         self.cpu = CpuPool(cluster.cpu_nodes)
         self.api = TokenPool(cluster.api_tokens)
@@ -60,6 +74,9 @@ class Policy:
         self._seen: OrderedDict[str, float] = OrderedDict()  # trajectory -> last activity, oldest first
         self._ready: list[Decision] = []
         self.decisions = 0
+        self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
+        self.rejected = 0
+        self._capacity = self._measure_capacity()
 
     # -- trajectories --------------------------------------------------------
     def begin_trajectory(self, trajectory: str, now: float) -> None:
@@ -85,8 +102,58 @@ class Policy:
             seen.pop(t, None)
 
     # -- actions ----------------------------------------------------------------
-    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
-        raise NotImplementedError
+    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> Shortfall | None:
+        sf = never_fits(spec, self._capacity, self.models)
+        if sf is None:
+            self._submit(aid, spec, now)
+            return None
+        if self._may_wait(spec):
+            self.unplaceable[aid] = (spec, sf, now)
+        else:
+            self._reject(aid, sf.reason, sf)
+        return sf
+
+    def _may_wait(self, spec: ActionSpec) -> bool:
+        """An action that cannot fit waits for capacity when an autoscaler may bring it, or when no
+        node of its kind has joined yet (it may just be early); otherwise it is rejected."""
+        if self.wait_unplaceable:
+            return True
+        cap = self._capacity
+        if spec.resource == "cpu":
+            return cap.cpu_nodes == 0
+        if spec.resource == "gpu":
+            return spec.model in self.models and not cap.gpu_shapes
+        return False
+
+    def _reject(self, aid: ActionId, reason: str, shortfall: Shortfall | None = None) -> None:
+        self.rejected += 1
+        self._ready.append(Reject(aid, reason, shortfall))
+
+    def _measure_capacity(self) -> Capacity:
+        cpu, gp = self.cpu, self.gpu
+        shapes = sorted({GpuShape(st.spec.gpus, st.spec.gpu_memory_gb) for st in gp.nodes.values()},
+                        key=lambda s: (s.gpus, s.gpu_memory_gb))
+        return Capacity(max(cpu.limit.values(), default=0), len(cpu.limit), self.api.total, tuple(shapes))
+
+    def _nodes_changed(self) -> None:
+        """Capacity changed: actions that now fit leave the unplaceable set; queued ones that never can go there."""
+        self._capacity = cap = self._measure_capacity()
+        if self.unplaceable:
+            for aid, (spec, _, t) in list(self.unplaceable.items()):
+                sf = never_fits(spec, cap, self.models)
+                if sf is None:
+                    del self.unplaceable[aid]
+                    self._submit(aid, spec, t)
+                else:
+                    self.unplaceable[aid] = (spec, sf, t)
+        for aid, spec in self._queued_specs():
+            sf = never_fits(spec, cap, self.models)
+            if sf is not None and self._drop_pending(aid):
+                if self._may_wait(spec):
+                    self.unplaceable[aid] = (spec, sf, 0.0)
+                else:
+                    self._reject(aid, sf.reason, sf)
+        self._capacity_changed()
 
     def finish(self, aid: ActionId, now: float, run_s: float | None = None) -> None:
         r = self.running.pop(aid, None)
@@ -102,6 +169,8 @@ class Policy:
         if r is not None:
             self._release(r, now)
             return True
+        if self.unplaceable.pop(aid, None) is not None:
+            return True
         return self._drop_pending(aid)
 
     def schedule(self, now: float) -> list[Decision]:
@@ -110,6 +179,9 @@ class Policy:
         out = self._ready
         self._ready = []
         self._schedule(now, out)
+        if self._ready:  # rejections made while scheduling
+            out.extend(self._ready)
+            self._ready = []
         self.decisions += len(out)
         return out
 
@@ -117,17 +189,17 @@ class Policy:
     def add_cpu_node(self, node: CpuNode, ahead: int = 0) -> None:
         """A CPU node joined. ``ahead``: units it may hold beyond its slots (dispatch-ahead)."""
         self.cpu.add(node.name, node.slots, ahead)
-        self._capacity_changed()
+        self._nodes_changed()
 
     def add_gpu_node(self, node: GpuNode, replicas: Iterable[ReplicaSpec] = ()) -> None:
         self.gpu.add(node)
         self.gpu.initial(list(replicas), self.models)
-        self._capacity_changed()
+        self._nodes_changed()
 
     def set_model(self, model: ModelSpec) -> None:
         """A model was registered, or its memory or load time measured: later decisions use it."""
         self.models[model.name] = model
-        self._capacity_changed()
+        self._nodes_changed()
 
     def rehome(self, trajectory: str, node: str) -> None:
         """A trajectory's state was moved to ``node`` (e.g. off a worker being retired)."""
@@ -140,7 +212,7 @@ class Policy:
 
     def set_api_tokens(self, tokens: int) -> None:
         self.api.resize(tokens)
-        self._capacity_changed()
+        self._nodes_changed()
 
     def remove_node(self, name: str) -> list[ActionId]:
         """The node left: returns the actions that were running there (lost; resubmit them)."""
@@ -153,10 +225,17 @@ class Policy:
             self.gpu.remove(name)
         for t in [t for t, n in self.home.items() if n == name]:
             del self.home[t]
-        self._capacity_changed()
+        self._nodes_changed()
         return lost
 
     # -- for subclasses -----------------------------------------------------------
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+        raise NotImplementedError
+
+    def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
+        """Every waiting action (for re-checking feasibility when a node leaves)."""
+        return []
+
     def _schedule(self, now: float, out: list[Decision]) -> None:
         raise NotImplementedError
 
@@ -209,19 +288,51 @@ class Policy:
             self.gpu.evict(rid)
         return self.gpu.place(model, node, gpus, self.models[model].gpu_memory_gb, now)
 
-    def _pool_stats(self, queued: dict[str, int]) -> tuple[PoolStats, ...]:
+    def _pool_stats(self) -> list[PoolStats]:
+        """One entry per resource; subclasses add queue figures and per-model pools."""
         run = {"cpu": 0, "api": 0, "gpu": 0}
         for r in self.running.values():
             run[r.spec.resource] += 1
-        return (
-            PoolStats("cpu", self.cpu.slots, self.cpu.slots_free, queued.get("cpu", 0), run["cpu"]),
-            PoolStats("gpu", self.gpu.total, self.gpu.idle, queued.get("gpu", 0), run["gpu"]),
-            PoolStats("api", self.api.total, self.api.total_free, queued.get("api", 0), run["api"]),
-        )
+        q = self._queued()
+        return [
+            PoolStats("cpu", self.cpu.slots, self.cpu.slots_free, q.get("cpu", 0), run["cpu"], pool="cpu"),
+            PoolStats("gpu", self.gpu.total, self.gpu.idle, q.get("gpu", 0), run["gpu"], pool="gpu"),
+            PoolStats("api", self.api.total, self.api.total_free, q.get("api", 0), run["api"], pool="api"),
+        ]
+
+    def _node_stats(self) -> tuple[NodeStats, ...]:
+        running: dict[str, int] = {}
+        for r in self.running.values():
+            running[r.node] = running.get(r.node, 0) + 1
+        homes: dict[str, int] = {}
+        for n in self.home.values():
+            homes[n] = homes.get(n, 0) + 1
+        waiting = self._models_waiting()
+        out = []
+        cpu = self.cpu
+        for name in cpu.order:
+            real_free = cpu.free[name] - (cpu.capacity[name] - cpu.limit[name])
+            out.append(NodeStats(name, "cpu", cpu.limit[name], max(real_free, 0), running.get(name, 0),
+                                 homes.get(name, 0)))
+        gp = self.gpu
+        for name, st in gp.nodes.items():
+            reps = [r for r in gp.replicas.values() if r.node == name]
+            out.append(NodeStats(name, "gpu", st.spec.gpus, sum(1 for g in st.gpus if not g.busy),
+                                 running.get(name, 0), 0, len(reps), sum(1 for r in reps if r.model in waiting)))
+        return tuple(out)
+
+    def _models_waiting(self) -> set[str]:
+        return set()
 
     def snapshot(self) -> PolicySnapshot:
         reps = tuple((r.model, r.node, r.gpus, r.busy) for r in self.gpu.replicas.values())
-        return PolicySnapshot(self.name, self._pool_stats(self._queued()), reps, self.decisions)
+        return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions,
+                              {"rejected": self.rejected},
+                              tuple(sf for _, sf, _ in self.unplaceable.values()),
+                              self._admission_waiting(), self._node_stats())
+
+    def _admission_waiting(self) -> int:
+        return 0
 
     def _queued(self) -> dict[str, int]:
         return {}

@@ -20,8 +20,14 @@ class FifoPolicy(Policy):
         super().__init__(*a, **kw)
         self.waiting: dict[str, dict[ActionId, ActionSpec]] = {"cpu": {}, "api": {}, "gpu": {}}
 
-    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
         self.waiting[spec.resource][aid] = spec
+
+    def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
+        return [item for q in self.waiting.values() for item in q.items()]
+
+    def _models_waiting(self) -> set[str]:
+        return {spec.model for spec in self.waiting["gpu"].values()}
 
     def _drop_pending(self, aid: ActionId) -> bool:
         return any(q.pop(aid, None) is not None for q in self.waiting.values())

@@ -105,9 +105,34 @@ class CpuPool:
         if self.max_free < need:
             return None
         for name in self.order:
-            if self.free[name] >= need:
+            if self.free[name] >= need and self.limit[name] >= need:
                 return name
         return None
+
+    def room(self, name: str) -> int:
+        """Real free slots on ``name`` (dispatch-ahead units excluded; may be <= 0 while it is busy)."""
+        return self.free[name] - (self.capacity[name] - self.limit[name])
+
+    def fit_node(self, need: int, skip: "dict[str, object] | None" = None) -> str | None:
+        """The node with the most free units that can take ``need`` now (its slots >= need), not in ``skip``.
+
+        O(1) when the most-free node qualifies (the common case); otherwise a
+        scan, which only an action larger than some node, or a reserved
+        most-free node, pays.
+        """
+        top = self.max_free
+        if top < need:
+            return None
+        name = next(iter(self._buckets[top]))
+        if self.limit[name] >= need and (skip is None or name not in skip):
+            return name
+        best = None
+        for name in self.order:
+            f = self.free[name]
+            if f >= need and self.limit[name] >= need and (skip is None or name not in skip) \
+                    and (best is None or f > self.free[best]):
+                best = name
+        return best
 
     # -- changes ---------------------------------------------------------------
     def take(self, name: str, k: int) -> None:

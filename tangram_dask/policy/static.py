@@ -51,7 +51,7 @@ class StaticPolicy(Policy):
                 self.api.give(b.tokens)
         self.admission.pop(trajectory, None)
 
-    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
         if spec.resource == "gpu":
             self.gpu_wait[aid] = spec
             return
@@ -73,6 +73,12 @@ class StaticPolicy(Policy):
 
     def _drop_pending(self, aid: ActionId) -> bool:
         return self.gpu_wait.pop(aid, None) is not None
+
+    def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
+        return list(self.gpu_wait.items())
+
+    def _admission_waiting(self) -> int:
+        return len(self.admission)
 
     def _queued(self) -> dict[str, int]:
         return {"gpu": len(self.gpu_wait), "cpu": len(self.admission)}

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from heapq import heappop, heappush
 
 from ..spec import ActionSpec
 from .base import Policy, Running
 from .estimate import Estimator, Welford
-from .types import ActionId, Admit, Decision, ReplicaId
+from .types import ActionId, Admit, Decision, PoolStats, ReplicaId, Shortfall
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,67 @@ class Pending:
     spec: ActionSpec
     est: float
     issued: float
+
+
+class Pool:
+    """One queue of the policy: CPU slots, API tokens, or one model's GPU replicas.
+
+    It owns its heap (key ``aging * issued + est``: shortest expected work
+    first, with aging), its waiting actions and its counters: ``qmin`` (the
+    ``units.min`` of actions waiting, including CPU actions waiting at home),
+    ``rmin`` (of actions holding units, including reservations) and
+    ``qwork`` (their expected unit-seconds). Every counter changes here and
+    nowhere else. ``blocked`` is why the head waits (a Shortfall), or None.
+    """
+
+    __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked")
+
+    def __init__(self, name: str, resource: str):
+        self.name = name
+        self.resource = resource
+        self.heap: list[tuple[float, int, ActionId]] = []
+        self.waiting: dict[ActionId, Pending] = {}
+        self.qmin = 0
+        self.rmin = 0
+        self.qwork = 0.0
+        self.blocked: Shortfall | None = None
+
+    def push(self, aid: ActionId, p: Pending, key: float, seq: int) -> None:
+        self.waiting[aid] = p
+        heappush(self.heap, (key, seq, aid))
+        self.queued(p)
+
+    def queued(self, p: Pending) -> None:
+        self.qmin += p.spec.units_min
+        self.qwork += p.est * p.spec.units_min
+
+    def unqueued(self, p: Pending) -> None:
+        self.qmin -= p.spec.units_min
+        self.qwork = max(self.qwork - p.est * p.spec.units_min, 0.0) if self.qmin else 0.0
+
+    def head(self) -> tuple[ActionId, Pending] | None:
+        q, waiting = self.heap, self.waiting
+        while q:
+            aid = q[0][2]
+            p = waiting.get(aid)
+            if p is not None:
+                return aid, p
+            heappop(q)
+        return None
+
+    def pop(self, aid: ActionId) -> Pending:
+        """Take the head (``aid``) out of the queue."""
+        heappop(self.heap)
+        p = self.waiting.pop(aid)
+        self.unqueued(p)
+        return p
+
+    def drop(self, aid: ActionId) -> Pending | None:
+        """Forget a waiting action anywhere in the queue (its heap entry is skipped lazily)."""
+        p = self.waiting.pop(aid, None)
+        if p is not None:
+            self.unqueued(p)
+        return p
 
 
 @dataclass(slots=True)
@@ -112,10 +173,7 @@ class TangramPolicy(Policy):
         super().__init__(*a, **kw)
         self.opt = options or TangramOptions()
         self.est = Estimator()
-        self.pending: dict[ActionId, Pending] = {}
-        self.queues: dict[str, list] = {"cpu": [], "api": []}
-        self.qmin: dict[str, int] = {"cpu": 0, "api": 0}
-        self.rmin: dict[str, int] = {"cpu": 0, "api": 0}  # units.min of running actions, per pool
+        self.pools: dict[str, Pool] = {"cpu": Pool("cpu", "cpu"), "api": Pool("api", "api")}
         self.dirty: dict[str, None] = {}
         self._seq = 0
         self.traj_start: dict[str, float] = {}
@@ -138,7 +196,14 @@ class TangramPolicy(Policy):
         self.traj_n = 0
         self.traj_sum = 0.0
 
-    # -- events -------------------------------------------------------------
+    def pool(self, spec: ActionSpec) -> Pool:
+        name = spec.model if spec.resource == "gpu" else spec.resource
+        p = self.pools.get(name)
+        if p is None:
+            p = self.pools[name] = Pool(name, "gpu")
+        return p
+
+    # -- trajectories ---------------------------------------------------------
     def begin_trajectory(self, trajectory: str, now: float) -> None:
         if not self.opt.admission:
             return super().begin_trajectory(trajectory, now)
@@ -165,7 +230,8 @@ class TangramPolicy(Policy):
             return max(self.traj_sum / self.traj_n, 1e-3)
         return max(now - self._t0, 1e-3)
 
-    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    # -- events: order ----------------------------------------------------------
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
         if self._t0 is None:
             self._t0 = now
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
@@ -185,38 +251,44 @@ class TangramPolicy(Policy):
             if w is None:
                 w = self.ests[spec.kind] = Welford()
             w.add(math.log(est))
-        pool = spec.model if spec.resource == "gpu" else spec.resource
-        q = self.queues.get(pool)
-        if q is None:
-            q = self.queues[pool] = []
-            self.qmin[pool] = 0
-        self.pending[aid] = Pending(spec, est, now)
-        heappush(q, (self.opt.aging * now + est, self._seq, aid))
+        self._enqueue(aid, Pending(spec, est, now))
+
+    def _enqueue(self, aid: ActionId, p: Pending) -> None:
+        """Phase 1, order: into its pool's heap, keyed by aging x issue time + expected work."""
+        pool = self.pool(p.spec)
+        pool.push(aid, p, self.opt.aging * p.issued + p.est, self._seq)
         self._seq += 1
-        self.qmin[pool] += spec.units_min
-        self.dirty[pool] = None
+        self.dirty[pool.name] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
         if self.opt.admission and r.spec.trajectory is not None and r.spec.trajectory in self.traj_start:
             self.last_end[r.spec.trajectory] = now
-        if r.spec.resource != "gpu":
-            self.rmin[r.spec.resource] -= r.spec.units_min
-            if r.spec.resource == "cpu":
-                self.release_rate.add(now, r.units)
-                self._slots_freed(r.node)
+        self._released(r)
+        if r.spec.resource == "cpu":
+            self.release_rate.add(now, r.units)
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
-        self._freed(r.spec)
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
         r = self.running.get(aid)
         done = super().cancel(aid, now)
         if r is not None:
-            if r.spec.resource != "gpu":
-                self.rmin[r.spec.resource] -= r.spec.units_min
-                self._slots_freed(r.node)
-            self._freed(r.spec)
+            self._released(r)
         return done
+
+    def _released(self, r: Running) -> None:
+        """An action gave its units back: its pool's counters, and who may use them."""
+        spec = r.spec
+        if spec.resource == "gpu":
+            self.pools[spec.model].rmin -= spec.units_min
+            for name, pool in self.pools.items():
+                if pool.resource == "gpu" and pool.waiting:
+                    self.dirty[name] = None
+            return
+        self.pools[spec.resource].rmin -= spec.units_min
+        if spec.resource == "cpu":
+            self._slots_freed(r.node)
+        self.dirty[spec.resource] = None
 
     def _slots_freed(self, node: str) -> None:
         if node in self.home_wait:
@@ -224,19 +296,12 @@ class TangramPolicy(Policy):
         if node in self.reserved:
             self.freed_res[node] = None
 
-    def _freed(self, spec: ActionSpec) -> None:
-        if spec.resource == "gpu":
-            for m in self.models:
-                if self.queues.get(m):
-                    self.dirty[m] = None
-        else:
-            self.dirty[spec.resource] = None
-
     def _drop_pending(self, aid: ActionId) -> bool:
+        cpu = self.pools["cpu"]
         for node, waiting in self.home_wait.items():
             p = waiting.pop(aid, None)
             if p is not None:
-                self.qmin["cpu"] -= p.spec.units_min
+                cpu.unqueued(p)
                 return True
         for node, rv in self.reserved.items():
             if rv.aid == aid:
@@ -244,39 +309,51 @@ class TangramPolicy(Policy):
                 if rv.held:
                     self.cpu.give(node, rv.held)
                     self._slots_freed(node)
-                self.rmin["cpu"] -= rv.p.spec.units_min
+                cpu.rmin -= rv.p.spec.units_min
                 self.dirty["cpu"] = None
                 return True
-        p = self.pending.pop(aid, None)
-        if p is None:
-            return False
-        pool = p.spec.model if p.spec.resource == "gpu" else p.spec.resource
-        self.qmin[pool] -= p.spec.units_min  # the heap entry is skipped lazily
-        return True
+        for pool in self.pools.values():
+            if pool.drop(aid) is not None:
+                return True
+        return False
+
+    def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
+        out = [(aid, p.spec) for pool in self.pools.values() for aid, p in pool.waiting.items()]
+        out += [(aid, p.spec) for waiting in self.home_wait.values() for aid, p in waiting.items()]
+        out += [(rv.aid, rv.p.spec) for rv in self.reserved.values()]
+        return out
 
     def _capacity_changed(self) -> None:
-        for pool in self.queues:
-            self.dirty[pool] = None
+        for name in self.pools:
+            self.dirty[name] = None
         self.freed_res.update(dict.fromkeys(self.reserved))  # a node may have left: look at each
-
-    def _queued(self) -> dict[str, int]:
-        out = {"cpu": 0, "api": 0, "gpu": 0}
-        for p in self.pending.values():
-            out[p.spec.resource] += 1
-        return out
 
     # -- decisions --------------------------------------------------------------
     def _schedule(self, now: float, out: list[Decision]) -> None:
         if self.admission_queue:
             self._admit(now, out)
         dirty, self.dirty = self.dirty, {}
-        for pool in dirty:
-            if pool == "cpu":
-                self._drain_cpu(now, out)
-            elif pool == "api":
-                self._drain_api(now, out)
+        for name in dirty:
+            pool = self.pools[name]
+            if name == "cpu":
+                self._drain_cpu(pool, now, out)
+            elif name == "api":
+                self._drain_api(pool, now, out)
             else:
                 self._drain_gpu(pool, now, out)
+
+    def _guarded(self, aid: ActionId, p: Pending, decide, *args) -> None:
+        """Run one decision for ``aid`` (already out of its queue): all or nothing.
+
+        Each decision computes first and commits last (the ledger checks a take
+        before it changes anything), so an exception leaves every counter as
+        it was; the action is rejected with the error, and nothing else is.
+        """
+        try:
+            decide(aid, p, *args)
+        except Exception as e:  # a policy bug must cost one action, never the pool
+            self._reject(aid, f"the tangram policy could not place action {aid!r} ({p.spec.kind}): "
+                              f"{type(e).__name__}: {e}")
 
     def _admit(self, now: float, out: list[Decision]) -> None:
         """Admit trajectories while expected CPU demand stays under target occupancy (Little's law).
@@ -303,79 +380,78 @@ class TangramPolicy(Policy):
             self.last_end[t] = now
             out.append(Admit(t))
 
-    def _head(self, q: list) -> tuple[ActionId, Pending] | None:
-        pending = self.pending
-        while q:
-            aid = q[0][2]
-            p = pending.get(aid)
-            if p is not None:
-                return aid, p
-            heappop(q)
-        return None
-
-    def _take_head(self, pool: str, aid: ActionId) -> Pending:
-        heappop(self.queues[pool])
-        p = self.pending.pop(aid)
-        self.qmin[pool] -= p.spec.units_min
-        return p
-
-    def _drain_cpu(self, now: float, out: list[Decision]) -> None:
-        q, cpu, home = self.queues["cpu"], self.cpu, self.home
+    # -- CPU: fit, place, size, reserve -------------------------------------------
+    def _drain_cpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
         if self.reserved:
             self._serve_reservations(now, out)
         if self.home_wait:
             self._serve_home(now, out)
         while True:
-            head = self._head(q)
+            head = pool.head()
             if head is None:
+                pool.blocked = None
                 return
             aid, p = head
-            spec = p.spec
-            need = spec.units_min
-            if cpu.max_free < need:
+            where = self._fit_cpu(p, now)
+            if where.__class__ is Shortfall:
+                pool.blocked = where
                 return
-            node = None
-            if spec.affinity == "trajectory":
-                h = home.get(spec.trajectory)
-                if h is not None and h in cpu.free and cpu.limit[h] >= need:
-                    if cpu.free[h] >= need and h not in self.reserved:
-                        node = h
-                    elif self._expected_wait(need, now) < spec.restore_s:
-                        self._take_head("cpu", aid)
-                        self._wait_home(aid, p, h, now)
-                        continue
-            if node is None:
-                node = cpu.most_free()
-                if node in self.reserved:
-                    node = self._unreserved_node(need)
-                    if node is None:
-                        return
-            self._take_head("cpu", aid)
-            self.rmin["cpu"] += need
-            room = min(cpu.free[node], cpu.limit[node])
-            want = min(spec.units_max, cpu.limit[node]) if self._elephant(spec, p.est) else 0
-            if want > room and node not in self.reserved:
-                wait = self._expected_wait(want - room, now)
-                gain = p.est * (spec.scale(room) - spec.scale(want))
-                if gain > self.opt.reserve_gain * wait:
-                    cpu.take(node, room)
-                    deadline = now + gain / self.opt.reserve_gain
-                    self.reserved[node] = Reservation(aid, p, node, room, want, deadline)
-                    heappush(self.res_deadlines, (deadline, self._seq, node, aid))
-                    self._seq += 1
-                    continue
-            k = self._units(spec, room, cpu.total_free - self.qmin["cpu"] - need, cpu.total, "cpu", now, p.est)
-            out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+            pool.pop(aid)
+            if where is _HOME:
+                self._wait_home(aid, p, self.home[p.spec.trajectory], now)
+            else:
+                self._guarded(aid, p, self._place_cpu, where, now, out)
+
+    def _fit_cpu(self, p: Pending, now: float) -> "str | Shortfall | object":
+        """Phase 2-3, fit and place: the node for the head, ``_HOME`` (wait at home), or why it waits."""
+        spec, cpu = p.spec, self.cpu
+        need = spec.units_min
+        if cpu.max_free < need:
+            return Shortfall("cpu", need, cpu.max_free, f"no worker has {need} free slots", "cpu",
+                             self._capacity.cpu_largest, False, spec.kind)
+        if spec.affinity == "trajectory":
+            h = self.home.get(spec.trajectory)
+            if h is not None and h in cpu.free and cpu.limit[h] >= need:
+                if cpu.free[h] >= need and h not in self.reserved:
+                    return h
+                if self._expected_wait(need, now) < spec.restore_s:
+                    return _HOME
+        node = cpu.fit_node(need, self.reserved or None)
+        if node is None:
+            return Shortfall("cpu", need, cpu.max_free, f"no unreserved worker with {need} slots has them free",
+                             "cpu", self._capacity.cpu_largest, False, spec.kind)
+        return node
+
+    def _place_cpu(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
+        """Phases 4-5, size and reserve: an elephant may collect slots; others start sized."""
+        spec, cpu, pool = p.spec, self.cpu, self.pools["cpu"]
+        need = spec.units_min
+        room = max(cpu.room(node), 0)  # real free slots: dispatch-ahead units never change sizing
+        want = min(spec.units_max, cpu.limit[node]) if self._elephant(spec, p.est) else 0
+        if want > room and room >= need and node not in self.reserved:
+            wait = self._expected_wait(want - room, now)
+            gain = p.est * (spec.scale(room) - spec.scale(want))
+            if gain > self.opt.reserve_gain * wait:
+                cpu.take(node, room)
+                pool.rmin += need
+                deadline = now + gain / self.opt.reserve_gain
+                self.reserved[node] = Reservation(aid, p, node, room, want, deadline)
+                heappush(self.res_deadlines, (deadline, self._seq, node, aid))
+                self._seq += 1
+                return
+        k = self._size(spec, room, now, p.est)
+        out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+        pool.rmin += need
 
     def _wait_home(self, aid: ActionId, p: Pending, node: str, now: float) -> None:
         """Park a stateful action on its home node until a slot frees there or restore_s passes."""
         self.home_wait.setdefault(node, {})[aid] = p
-        self.qmin["cpu"] += p.spec.units_min
+        self.pools["cpu"].queued(p)
         heappush(self.home_deadlines, (now + p.spec.restore_s, self._seq, aid, node))
         self._seq += 1
 
     def _serve_home(self, now: float, out: list[Decision]) -> None:
-        cpu = self.cpu
+        cpu, pool = self.cpu, self.pools["cpu"]
         freed, self.freed_nodes = self.freed_nodes, {}
         for node in freed:  # only where slots were freed since the last pass
             waiting = self.home_wait.get(node)
@@ -387,7 +463,8 @@ class TangramPolicy(Policy):
             while waiting and cpu.free.get(node, 0) >= next(iter(waiting.values())).spec.units_min:
                 aid, p = next(iter(waiting.items()))
                 del waiting[aid]
-                self._start_waiting(aid, p, node, now, out)
+                pool.unqueued(p)
+                self._guarded(aid, p, self._start_waiting, node, now, out)
             if not waiting:
                 del self.home_wait[node]
         dl = self.home_deadlines
@@ -399,21 +476,18 @@ class TangramPolicy(Policy):
             p = waiting.pop(aid)
             if not waiting:
                 del self.home_wait[node]
-            other = cpu.most_free() if cpu.max_free >= p.spec.units_min else None
-            if other is None or other in self.reserved:
-                self.qmin["cpu"] -= p.spec.units_min
+            pool.unqueued(p)
+            other = cpu.fit_node(p.spec.units_min, self.reserved or None)
+            if other is None:
                 self._requeue(aid, p)
             else:
-                self._start_waiting(aid, p, other, now, out)
+                self._guarded(aid, p, self._start_waiting, other, now, out)
 
     def _start_waiting(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
         spec = p.spec
-        self.qmin["cpu"] -= spec.units_min
-        self.rmin["cpu"] += spec.units_min
-        room = min(self.cpu.free[node], self.cpu.limit[node])
-        k = self._units(spec, room, self.cpu.total_free - self.qmin["cpu"] - spec.units_min, self.cpu.total, "cpu",
-                        now, p.est)
+        k = self._size(spec, max(self.cpu.room(node), 0), now, p.est)
         out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
+        self.pools["cpu"].rmin += spec.units_min
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
         """In the top tail of its kind: long enough to set the step's end on its own."""
@@ -422,29 +496,17 @@ class TangramPolicy(Policy):
             return False
         return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.var)
 
-    def _unreserved_node(self, need: int) -> str | None:
-        best = None
-        for name in self.cpu.order:  # rare: only when the most-free node is reserved
-            f = self.cpu.free[name]
-            if f >= need and name not in self.reserved and (best is None or f > self.cpu.free[best]):
-                best = name
-        return best
-
     def _expected_wait(self, slots: int, now: float) -> float:
         """Seconds until ``slots`` more slots free up on one node, from the observed release rate."""
         rate = self.release_rate.rate(now) / max(len(self.cpu.capacity), 1)
         return slots / rate if rate > 0 else math.inf
 
     def _requeue(self, aid: ActionId, p: Pending) -> None:
-        self.pending[aid] = p
-        heappush(self.queues["cpu"], (self.opt.aging * p.issued + p.est, self._seq, aid))
-        self._seq += 1
-        self.qmin["cpu"] += p.spec.units_min
-        self.dirty["cpu"] = None
+        self._enqueue(aid, p)
 
     def _serve_reservations(self, now: float, out: list[Decision]) -> None:
         """Reservations on nodes where slots were freed, or whose deadline passed: never a walk over all."""
-        cpu = self.cpu
+        cpu, pool = self.cpu, self.pools["cpu"]
         nodes, self.freed_res = self.freed_res, {}
         dl = self.res_deadlines
         while dl and dl[0][0] <= now:
@@ -458,10 +520,10 @@ class TangramPolicy(Policy):
                 continue
             if node not in cpu.free:  # the node left
                 del self.reserved[node]
-                self.rmin["cpu"] -= rv.p.spec.units_min
+                pool.rmin -= rv.p.spec.units_min
                 self._requeue(rv.aid, rv.p)
                 continue
-            extra = min(cpu.free[node], rv.want - rv.held)  # want <= limit[node]
+            extra = min(max(cpu.room(node), 0), rv.want - rv.held)  # want <= limit[node]
             if extra:
                 cpu.take(node, extra)
                 rv.held += extra
@@ -473,30 +535,45 @@ class TangramPolicy(Policy):
                 out.append(self._start_cpu(rv.aid, spec, node, rv.held, now, rv.p.est * spec.scale(rv.held),
                                            taken=True))
 
-    def _drain_api(self, now: float, out: list[Decision]) -> None:
-        q, api = self.queues["api"], self.api
+    def _size(self, spec: ActionSpec, room: int, now: float, est: float) -> int:
+        """Phase 4 for a CPU action: ``room`` real free slots on its node; spare after the queue's minimum."""
+        cpu, pool = self.cpu, self.pools["cpu"]
+        # rho counts the action itself among the running (as it will be once started) and in the demand
+        return self._units(spec, room, cpu.slots_free - pool.qmin - spec.units_min, cpu.slots, pool, now, est,
+                           spec.units_min)
+
+    # -- API --------------------------------------------------------------------------
+    def _drain_api(self, pool: Pool, now: float, out: list[Decision]) -> None:
+        api = self.api
         while True:
-            head = self._head(q)
+            head = pool.head()
             if head is None:
+                pool.blocked = None
                 return
             aid, p = head
-            spec = p.spec
-            if api.total_free < spec.units_min:
+            if api.total_free < p.spec.units_min:
+                pool.blocked = Shortfall("api", p.spec.units_min, api.total_free, "API tokens in use", "api",
+                                         api.total, False, p.spec.kind)
                 return
-            self._take_head("api", aid)
-            k = self._units(spec, api.total_free, api.total_free - self.qmin["api"] - spec.units_min, api.total, "api", now, p.est)
-            self.rmin["api"] += spec.units_min
-            out.append(self._start_api(aid, spec, k, now, p.est * spec.scale(k)))
+            pool.pop(aid)
+            self._guarded(aid, p, self._place_api, pool, now, out)
 
-    def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: str, now: float,
-               est: float) -> int:
+    def _place_api(self, aid: ActionId, p: Pending, pool: Pool, now: float, out: list[Decision]) -> None:
+        spec, api = p.spec, self.api
+        k = self._units(spec, api.total_free, api.total_free - pool.qmin - spec.units_min, api.total, pool, now,
+                        p.est)
+        out.append(self._start_api(aid, spec, k, now, p.est * spec.scale(k)))
+        pool.rmin += spec.units_min
+
+    def _units(self, spec: ActionSpec, room: int, spare: int, capacity: int, pool: Pool, now: float,
+               est: float, starting: int = 0) -> int:
         """Elastic size: add a unit while the seconds it saves, per extra unit-second it
         costs, exceed the pool's price (zero when idle, unbounded when saturated)."""
         lo = spec.units_min
         hi = min(spec.units_max, room, lo + max(spare, 0))
         if hi <= lo or spec.parallel_fraction == 0.0:
             return lo
-        rho = (self.rmin[pool] + self.qmin[pool] + lo) / max(capacity, 1)  # min-unit demand / capacity
+        rho = (pool.rmin + starting + pool.qmin + lo) / max(capacity, 1)  # min-unit demand / capacity
         if rho >= 1.0:
             return lo
         price = self.opt.price * rho / (1.0 - rho)
@@ -513,28 +590,51 @@ class TangramPolicy(Policy):
         return k
 
     # -- GPUs -------------------------------------------------------------------
-    def _drain_gpu(self, model: str, now: float, out: list[Decision]) -> None:
-        q, gp = self.queues[model], self.gpu
-        while gp.idle:
-            head = self._head(q)
+    def _drain_gpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
+        gp, model = self.gpu, pool.name
+        while True:
+            head = pool.head()
             if head is None:
+                pool.blocked = None
                 return
             aid, p = head
             spec = p.spec
+            if not gp.idle:
+                pool.blocked = Shortfall("gpu", spec.units_min, 0, "every GPU is serving", model,
+                                         self._largest_gpus(), False, spec.kind)
+                return
             rid = self._ready_replica(model, spec)
             if rid is not None:
-                self._take_head(model, aid)
-                out.append(self._start_gpu(aid, spec, rid, now, p.est))
+                pool.pop(aid)
+                self._guarded(aid, p, self._start_replica, pool, rid, now, out)
                 continue
-            if not self._should_load(model, now):
+            if not self._should_load(pool):
+                pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"waiting for a replica of {model} "
+                                         "(a new one is not worth its load yet)", model, self._largest_gpus(),
+                                         False, spec.kind)
                 return
             site = self._load_site(model, spec)
             if site is None:
+                pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"no topology group can take a replica of "
+                                         f"{model} now", model, self._largest_gpus(), False, spec.kind)
                 return
-            node, gpus, evict = site
-            self._take_head(model, aid)
-            rid = self._load(model, node, gpus, evict, now)
-            out.append(self._start_gpu(aid, spec, rid, now, p.est, load=True, evict=tuple(evict)))
+            pool.pop(aid)
+            self._guarded(aid, p, self._load_and_start, pool, site, now, out)
+
+    def _largest_gpus(self) -> int:
+        return max((s.gpus for s in self._capacity.gpu_shapes), default=0)
+
+    def _start_replica(self, aid: ActionId, p: Pending, pool: Pool, rid: ReplicaId, now: float,
+                       out: list[Decision]) -> None:
+        out.append(self._start_gpu(aid, p.spec, rid, now, p.est))
+        pool.rmin += p.spec.units_min
+
+    def _load_and_start(self, aid: ActionId, p: Pending, pool: Pool, site: tuple, now: float,
+                        out: list[Decision]) -> None:
+        node, gpus, evict = site
+        rid = self._load(pool.name, node, gpus, evict, now)
+        out.append(self._start_gpu(aid, p.spec, rid, now, p.est, load=True, evict=tuple(evict)))
+        pool.rmin += p.spec.units_min
 
     def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
         gp = self.gpu
@@ -547,29 +647,33 @@ class TangramPolicy(Policy):
                 best, best_k = rid, k
         return best
 
-    def _should_load(self, model: str, now: float) -> bool:
+    def _should_load(self, pool: Pool) -> bool:
+        model = pool.name
         reps = len(self.gpu.by_model.get(model, ()))
         if reps == 0:
             return True
-        backlog = self.qmin[model] * self._mean_est(model) / reps
+        backlog = pool.qmin * self._mean_est(pool) / reps
         return backlog > self.opt.load_patience * self.models[model].load_s
 
-    def _mean_est(self, model: str) -> float:
-        q = self.queues[model]
+    def _mean_est(self, pool: Pool) -> float:
+        q = pool.heap
         if not q:
             return 0.0
         n = min(len(q), 16)
         tot = 0.0
         for _, _, aid in q[:n]:
-            p = self.pending.get(aid)
+            p = pool.waiting.get(aid)
             if p is not None:
                 tot += p.est / p.spec.units_min
         return tot / n
 
+    def _models_waiting(self) -> set[str]:
+        return {name for name, pool in self.pools.items() if pool.resource == "gpu" and pool.head() is not None}
+
     def _load_site(self, model: str, spec: ActionSpec) -> tuple[str, tuple[int, ...], list[ReplicaId]] | None:
         gp = self.gpu
         ms = self.models[model]
-        waiting = {m for m in self.models if self._head(self.queues.get(m, [])) is not None}
+        waiting = self._models_waiting()
         best = None
         for name, st in gp.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
@@ -624,3 +728,44 @@ class TangramPolicy(Policy):
     def _evictable(self, rid: ReplicaId, waiting: set[str]) -> bool:
         r = self.gpu.replicas[rid]
         return not r.busy and not (r.model in waiting and len(self.gpu.by_model[r.model]) <= 1)
+
+    # -- snapshot ---------------------------------------------------------------------
+    def _queued(self) -> dict[str, int]:
+        out = {"cpu": 0, "api": 0, "gpu": 0}
+        for pool in self.pools.values():
+            out[pool.resource] += len(pool.waiting)
+        out["cpu"] += sum(len(w) for w in self.home_wait.values()) + len(self.reserved)
+        return out
+
+    def _admission_waiting(self) -> int:
+        return len(self.admission_queue)
+
+    def _pool_stats(self) -> list[PoolStats]:
+        base = super()._pool_stats()
+        out = []
+        for ps in base:
+            if ps.resource in ("cpu", "api"):
+                pool = self.pools[ps.resource]
+                out.append(replace(ps, head=pool.blocked if pool.head() is not None else None,
+                                   queued_units=pool.qmin, queued_work_s=round(pool.qwork, 6)))
+            else:
+                gpu_pools = [p for p in self.pools.values() if p.resource == "gpu"]
+                out.append(replace(ps, queued_units=sum(p.qmin for p in gpu_pools),
+                                   queued_work_s=round(sum(p.qwork for p in gpu_pools), 6)))
+        running: dict[str, int] = {}
+        for r in self.running.values():
+            if r.spec.resource == "gpu":
+                running[r.spec.model] = running.get(r.spec.model, 0) + 1
+        gp = self.gpu
+        for name, pool in self.pools.items():
+            if pool.resource != "gpu" or not (pool.waiting or running.get(name)):
+                continue
+            reps = gp.by_model.get(name, {})
+            out.append(PoolStats("gpu", sum(len(gp.replicas[r].gpus) for r in reps), len(gp.ready.get(name, ())),
+                                 len(pool.waiting), running.get(name, 0),
+                                 pool.blocked if pool.head() is not None else None, name, pool.qmin,
+                                 round(pool.qwork, 6)))
+        return out
+
+
+_HOME = object()  # _fit_cpu's answer: wait at the trajectory's home

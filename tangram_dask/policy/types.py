@@ -68,7 +68,18 @@ class Admit:
     tokens: int = 0
 
 
-Decision = Start | Admit
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The policy will not run ``action``: no current node can ever hold it
+    (``shortfall.never``), or deciding it failed (``reason``). Nothing is held
+    for it any more; every other action is unaffected."""
+
+    action: ActionId
+    reason: str
+    shortfall: Shortfall | None = None
+
+
+Decision = Start | Admit | Reject
 
 
 @dataclass(frozen=True, slots=True)
