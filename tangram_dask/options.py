@@ -56,6 +56,7 @@ class PluginOptions:
     cold_start_s: float = 0.0
     cross_group_slowdown: float = 1.0
     trajectory_ttl_s: float = 3600.0
+    wait_for_capacity: bool = False
     tangram: TangramOptions | None = None
 
     def __post_init__(self) -> None:
@@ -65,6 +66,11 @@ class PluginOptions:
                               f"(static binds whole trajectories; simulate it)")
         for f in fields(self):
             if f.name in CODE_ONLY or f.name in ("policy", "models", "replicas"):
+                continue
+            if f.name == "wait_for_capacity":
+                if not isinstance(self.wait_for_capacity, bool):
+                    raise ConfigError("tangram.scheduler.wait-for-capacity", self.wait_for_capacity,
+                                      "must be true or false")
                 continue
             _check_number(f.name, getattr(self, f.name))
         if not isinstance(self.models, Mapping) or not all(isinstance(m, ModelSpec) for m in self.models.values()):
