@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import dask
 
-from .spec import ActionSpec, make_spec
+from .spec import ActionSpec, check_keywords, make_spec
 
 #: The Dask annotation key under which an action's spec travels.
 ANNOTATION = "tangram"
@@ -28,8 +28,10 @@ def action(kind: str, resource: str = "cpu", units: int | tuple[int, int] = 1, *
 
     Fields: ``speedup`` (Amdahl parallel fraction), ``hint_s``, ``trajectory``,
     ``model`` (gpu), ``affinity`` ('trajectory'), ``restore_s``, ``timeout_s``.
-    Raises :class:`tangram_dask.SpecError` at once for a wrong spec.
+    Raises :class:`tangram_dask.SpecError` at once for a wrong spec, an
+    unknown field, or ``grant`` (reserved: the scheduler writes it).
     """
+    check_keywords(fields)
     spec = make_spec(kind, resource, units, **fields)
     with dask.annotate(**{ANNOTATION: spec.to_dict()}):
         yield spec
@@ -42,5 +44,7 @@ def submit_action(client: Any, fn: Callable[..., Any], *args: Any, kind: str, re
 
     Dask's own submit keywords (``key``, ``pure``, ``retries``...) pass through in ``kwargs``.
     """
-    with action(kind, resource, units, **(spec_fields or {})):
+    fields = {} if spec_fields is None else spec_fields
+    check_keywords(fields)
+    with action(kind, resource, units, **fields):
         return client.submit(fn, *args, **kwargs)

@@ -14,6 +14,17 @@ Each message says what is wrong (field or key, value) and how to fix it.
 from __future__ import annotations
 
 
+def _show(value: object, limit: int = 200) -> str:
+    """``repr(value)``, shortened past ``limit`` characters; never raises (a huge int, a broken __repr__)."""
+    try:
+        r = repr(value)
+    except Exception:
+        if isinstance(value, int):
+            return f"<int of {value.bit_length()} bits>"
+        return f"<{type(value).__name__} object>"
+    return r if len(r) <= limit else f"{r[:limit - 20]}...{r[-12:]} ({len(r)} chars)"
+
+
 class TangramError(Exception):
     """Base class of all tangram-dask errors."""
 
@@ -28,7 +39,7 @@ class SpecError(TangramError, ValueError):
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"action spec field {field!r} = {value!r}: {problem}")
+        super().__init__(f"action spec field {field!r} = {_show(value)}: {problem}")
 
 
 class FileFormatError(TangramError, ValueError):

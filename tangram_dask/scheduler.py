@@ -253,8 +253,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             ts = tasks.get(key)
             if ts is None or ts.state != "released" or key in actions:
                 continue
-            try:
-                spec = parse_annotation(ann)
+            try:  # a fresh task: every key is the user's, so a 'grant' in it is refused (reserved)
+                spec = ActionSpec.from_dict(ann)
             except SpecError as e:
                 actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: {e}")
             except Exception as e:  # anything else a hand-made annotation can hold

@@ -8,6 +8,8 @@ anything reaches the scheduler.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
@@ -15,6 +17,15 @@ from .errors import SpecError
 
 RESOURCES = ("cpu", "gpu", "api")
 AFFINITIES = (None, "trajectory")
+#: The most units one action may ask for (whole numbers travel as 64-bit ints on the wire).
+UNITS_LIMIT = 2**31 - 1
+#: Annotation keys no user may write, and why.
+RESERVED = {"grant": "reserved: the tangram scheduler writes the grant into the annotation itself; "
+                     "remove 'grant' from the spec (read a running action's grant with "
+                     "tangram_dask.current_allocation())"}
+#: The keyword arguments of make_spec / tangram_dask.action besides kind, resource and units.
+SPEC_KEYWORDS = ("speedup", "hint_s", "trajectory", "model", "affinity", "restore_s", "timeout_s")
+_REQUIRED = ("kind", "resource")
 
 
 def amdahl(k: float, parallel_fraction: float) -> float:
@@ -45,31 +56,37 @@ class ActionSpec:
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not self.kind:
-            raise SpecError("kind", self.kind, "must be a non-empty string naming the action kind")
-        if self.resource not in RESOURCES:
+        # every field checked, and numbers normalised to Python int / float (numpy's too), so the spec
+        # packs with msgpack and compares equal to its wire form parsed again
+        _set(self, "kind", _name("kind", self.kind, "must be a non-empty string naming the action kind"))
+        if not isinstance(self.resource, str) or self.resource not in RESOURCES:
             raise SpecError("resource", self.resource, f"must be one of {', '.join(RESOURCES)}")
-        for name in ("units_min", "units_max"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecError(name.replace("_", "."), v, "must be a whole number >= 1")
-        if self.units_max < self.units_min:
-            raise SpecError("units.max", self.units_max, f"is below units.min = {self.units_min}")
-        pf = self.parallel_fraction
-        if isinstance(pf, bool) or not isinstance(pf, (int, float)) or not 0.0 <= pf <= 1.0 or math.isnan(pf):
-            raise SpecError("speedup.parallel_fraction", pf, "must be a number in [0, 1]")
-        _check_seconds("hint_s", self.hint_s, allow_zero=True)
-        _check_seconds("timeout_s", self.timeout_s, allow_zero=False)
-        _check_seconds("restore_s", self.restore_s, allow_zero=True, optional=False)
-        if self.trajectory is not None and not isinstance(self.trajectory, str):
-            raise SpecError("trajectory", self.trajectory, "must be a string id (or None)")
+        _set(self, "resource", str(self.resource))
+        lo = _whole("units.min", self.units_min)
+        hi = _whole("units.max", self.units_max)
+        if hi < lo:
+            raise SpecError("units.max", self.units_max, f"is below units.min = {lo}")
+        _set(self, "units_min", lo)
+        _set(self, "units_max", hi)
+        pf = _number("speedup.parallel_fraction", self.parallel_fraction, "must be a number in [0, 1]")
+        if not 0.0 <= pf <= 1.0:
+            raise SpecError("speedup.parallel_fraction", self.parallel_fraction, "must be a number in [0, 1]")
+        _set(self, "parallel_fraction", pf)
+        _set(self, "hint_s", _seconds("hint_s", self.hint_s, allow_zero=True))
+        _set(self, "timeout_s", _seconds("timeout_s", self.timeout_s, allow_zero=False))
+        _set(self, "restore_s", _seconds("restore_s", self.restore_s, allow_zero=True, optional=False))
+        if self.trajectory is not None:
+            if not isinstance(self.trajectory, str):
+                raise SpecError("trajectory", self.trajectory, "must be a string id (or None)")
+            _set(self, "trajectory", str(self.trajectory))
         if self.resource == "gpu":
-            if not isinstance(self.model, str) or not self.model:
-                raise SpecError("model", self.model, "a gpu action needs the name of its model")
+            _set(self, "model", _name("model", self.model, "a gpu action needs the name of its model"))
         elif self.model is not None:
             raise SpecError("model", self.model, f"only gpu actions name a model, this one is {self.resource!r}")
-        if self.affinity not in AFFINITIES:
-            raise SpecError("affinity", self.affinity, "must be 'trajectory' or None")
+        if self.affinity is not None:
+            if not isinstance(self.affinity, str) or self.affinity not in AFFINITIES:
+                raise SpecError("affinity", self.affinity, "must be 'trajectory' or None")
+            _set(self, "affinity", str(self.affinity))
         if self.affinity == "trajectory" and self.trajectory is None:
             raise SpecError("trajectory", None, "affinity='trajectory' needs the trajectory id")
 
@@ -81,7 +98,7 @@ class ActionSpec:
             return 1.0
         return amdahl(self.units_min, p) / amdahl(k, p)
 
-    def instance(self, hint_s: float | None, trajectory: str | None) -> "ActionSpec":
+    def instance(self, hint_s: float | None, trajectory: str | None) -> ActionSpec:
         """A copy with another hint and trajectory, without re-validating the kind's fields.
 
         For callers that validated this spec once (the simulator issues ~1M
@@ -99,15 +116,29 @@ class ActionSpec:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ActionSpec":
-        """Build from the annotation dict; unknown keys are an error naming them."""
+    def from_dict(cls, d: Mapping[str, Any]) -> ActionSpec:
+        """Build from the annotation dict; unknown, reserved or missing keys are an error naming them."""
         if not isinstance(d, Mapping):
             raise SpecError("tangram", d, "the annotation must be a mapping of action-spec fields")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise SpecError(unknown[0], d[unknown[0]], f"unknown field; known fields are {', '.join(sorted(known))}")
+        fields = cls.__dataclass_fields__
+        if not all(type(k) is str and k in fields for k in d):
+            _refuse_keys(d, fields)
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise SpecError(missing[0], None, f"required field is missing (required: {', '.join(_REQUIRED)})")
         return cls(**d)
+
+
+def _refuse_keys(d: Mapping[Any, Any], fields: Mapping[str, Any]) -> None:
+    """Raise SpecError for the first key of ``d`` that is not a field, reserved keys first."""
+    for k in d:
+        if isinstance(k, str) and k in RESERVED:
+            raise SpecError(k, d[k], RESERVED[k])
+    unknown = sorted((k for k in d if not (type(k) is str and k in fields)),
+                     key=lambda k: (not isinstance(k, str), type(k).__name__, k if isinstance(k, str) else ""))
+    k = unknown[0]
+    raise SpecError(k if isinstance(k, str) else _safe_repr(k), d[k],
+                    f"unknown field; known fields are {', '.join(sorted(fields))}")
 
 
 _new = object.__new__
@@ -127,12 +158,20 @@ def make_spec(
     affinity: str | None = None,
     restore_s: float = 0.0,
     timeout_s: float | None = None,
+    **unknown: Any,
 ) -> ActionSpec:
-    """The user-facing spelling: ``units=(1, 8)`` or ``units=2``, ``speedup=p``."""
-    if isinstance(units, int) and not isinstance(units, bool):
-        lo = hi = units
-    elif isinstance(units, (tuple, list)) and len(units) == 2:
+    """The user-facing spelling: ``units=(1, 8)`` or ``units=2``, ``speedup=p``.
+
+    Any other keyword (``grant`` is reserved) is a SpecError naming it.
+    """
+    if unknown:
+        check_keywords(unknown)
+    if isinstance(units, (tuple, list)):
+        if len(units) != 2:
+            raise SpecError("units", units, "must be a whole number or a (min, max) pair")
         lo, hi = units
+    elif _is_whole(units):
+        lo = hi = units
     else:
         raise SpecError("units", units, "must be a whole number or a (min, max) pair")
     return ActionSpec(
@@ -142,10 +181,77 @@ def make_spec(
     )
 
 
-def _check_seconds(name: str, v: object, *, allow_zero: bool, optional: bool = True) -> None:
+def check_keywords(fields: Mapping[Any, Any]) -> None:
+    """SpecError for a keyword make_spec does not take (``grant`` is reserved), before anything is built."""
+    if not isinstance(fields, Mapping):
+        raise SpecError("spec_fields", fields, f"must be a mapping of spec fields ({', '.join(SPEC_KEYWORDS)})")
+    for k in fields:
+        if isinstance(k, str) and k in RESERVED:
+            raise SpecError(k, fields[k], RESERVED[k])
+        if not isinstance(k, str) or k not in SPEC_KEYWORDS:
+            raise SpecError(k if isinstance(k, str) else _safe_repr(k), fields[k],
+                            f"unknown field; the fields besides kind, resource and units are "
+                            f"{', '.join(SPEC_KEYWORDS)}")
+
+
+def _safe_repr(v: object) -> str:
+    try:
+        return repr(v)
+    except Exception:  # a huge int past Python's digit limit, an object whose repr fails
+        return f"<{type(v).__name__}>"
+
+
+def _is_whole(v: object) -> bool:
+    if type(v) is int:
+        return True
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)  # numpy integers
+    except TypeError:
+        return False
+    return True
+
+
+def _whole(name: str, v: object) -> int:
+    if type(v) is int:
+        n = v
+    elif _is_whole(v):
+        n = operator.index(v)
+    else:
+        raise SpecError(name, v, f"must be a whole number >= 1 (at most {UNITS_LIMIT})")
+    if not 1 <= n <= UNITS_LIMIT:
+        raise SpecError(name, v, f"must be a whole number >= 1 (at most {UNITS_LIMIT})")
+    return n
+
+
+def _number(name: str, v: object, need: str) -> float:
+    """``v`` as a finite Python float (ints, numpy numbers), else SpecError; never OverflowError."""
+    if type(v) is float:
+        f = v
+    elif isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise SpecError(name, v, need)
+    else:
+        try:
+            f = float(v)
+        except (OverflowError, ValueError, TypeError):
+            raise SpecError(name, v, need) from None
+    if not math.isfinite(f):
+        raise SpecError(name, v, need)
+    return f
+
+
+def _seconds(name: str, v: object, *, allow_zero: bool, optional: bool = True) -> float | None:
     if v is None and optional:
-        return
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or v < 0 or (v == 0 and not allow_zero):
-        need = ">= 0" if allow_zero else "> 0"
-        raise SpecError(name, v, f"must be a finite number of seconds {need}")
+        return None
+    need = f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}"
+    f = _number(name, v, need)
+    if f < 0 or (f == 0 and not allow_zero):
+        raise SpecError(name, v, need)
+    return f
+
+
+def _name(field: str, v: object, need: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise SpecError(field, v, need)
+    return str(v)
