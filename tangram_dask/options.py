@@ -65,14 +65,8 @@ class PluginOptions:
                               f"{self.policy!r}: the live plugin runs {' or '.join(LIVE_POLICIES)} "
                               f"(static binds whole trajectories; simulate it)")
         for f in fields(self):
-            if f.name in CODE_ONLY or f.name in ("policy", "models", "replicas"):
-                continue
-            if f.name == "wait_for_capacity":
-                if not isinstance(self.wait_for_capacity, bool):
-                    raise ConfigError("tangram.scheduler.wait-for-capacity", self.wait_for_capacity,
-                                      "must be true or false")
-                continue
-            _check_number(f.name, getattr(self, f.name))
+            if f.name not in CODE_ONLY and f.name not in ("policy", "models", "replicas"):
+                _check_field(f.name, getattr(self, f.name))
         if not isinstance(self.models, Mapping) or not all(isinstance(m, ModelSpec) for m in self.models.values()):
             raise ConfigError("tangram.scheduler.models", self.models,
                               "must map model names to ModelSpec (from_config parses the config's dicts)")
@@ -113,11 +107,15 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _check_number(name: str, value: Any) -> None:
-    """One integer or number field against the schema's type and minimum, as a ConfigError."""
+def _check_field(name: str, value: Any) -> None:
+    """One scalar field against the schema's type and minimum, as a ConfigError naming its key."""
     key = key_of(name)
     rule = _KEYS[key]
     where = f"tangram.scheduler.{key}"
+    if rule.get("type") == "boolean":
+        if not isinstance(value, bool):
+            raise ConfigError(where, value, f"{value!r} is not true or false")
+        return
     if not _is_number(value) or not math.isfinite(value):
         raise ConfigError(where, value, f"{value!r} is not a finite number")
     if rule.get("type") == "integer" and not float(value).is_integer():

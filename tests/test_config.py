@@ -135,6 +135,8 @@ BAD_CONFIG = [
      "tangram.scheduler.models.rm.gpu_memory_gb", "greater than 0"),
     ("replica-gpu-a-word", {"tangram.scheduler.replicas": {"g0": [["rm", ["a"]]]}}, "scheduler",
      "tangram.scheduler.replicas.g0[0][1][0]", "'a' is not an integer"),
+    ("wait-for-capacity-a-word", {"tangram.scheduler.wait-for-capacity": "on"}, "scheduler",
+     "tangram.scheduler.wait-for-capacity", "'on' is not true or false"),
     ("replica-not-a-pair", {"tangram.scheduler.replicas": {"g0": [["rm"]]}}, "scheduler",
      "tangram.scheduler.replicas.g0[0]", "['rm']"),
 ]
@@ -254,6 +256,8 @@ BAD_OPTIONS = [
     ("slowdown-below-one", "cross_group_slowdown", 0.9, "tangram.scheduler.cross-group-slowdown"),
     ("models-of-dicts", "models", {"rm": {"gpu_memory_gb": 1}}, "tangram.scheduler.models"),
     ("tangram-not-options", "tangram", {"aging": 1}, "tangram"),
+    ("wait-for-capacity-a-word", "wait_for_capacity", "yes", "tangram.scheduler.wait-for-capacity"),
+    ("wait-for-capacity-an-int", "wait_for_capacity", 1, "tangram.scheduler.wait-for-capacity"),
 ]
 
 
