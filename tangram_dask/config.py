@@ -21,7 +21,7 @@ import dask.config
 import jsonschema
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, _show
 
 HERE = Path(__file__).parent
 DEFAULTS: dict[str, Any] = yaml.safe_load((HERE / "tangram.yaml").read_text())
@@ -108,16 +108,16 @@ def _problem(error: jsonschema.ValidationError) -> tuple[str, Any, str]:
     if v == "type":
         want = error.validator_value
         words = " or ".join(_TYPE_WORDS.get(t, t) for t in ([want] if isinstance(want, str) else want))
-        return path, value, f"{value!r} is not {words}"
+        return path, value, f"{_show(value)} is not {words}"
     if v == "enum":
-        return path, value, f"{value!r} is not one of {', '.join(map(str, error.validator_value))}"
+        return path, value, f"{_show(value)} is not one of {', '.join(map(str, error.validator_value))}"
     if v == "minimum":
-        return path, value, f"{value!r} is below the minimum {error.validator_value}"
+        return path, value, f"{_show(value)} is below the minimum {error.validator_value}"
     if v == "exclusiveMinimum":
-        return path, value, f"{value!r} must be greater than {error.validator_value}"
+        return path, value, f"{_show(value)} must be greater than {error.validator_value}"
     if v == "required":
         return path, value, f"{error.message} (a model needs gpu_memory_gb and load_s)"
-    return path, value, f"{value!r}: {error.message}"
+    return path, value, f"{_show(value)}: {error.message}"
 
 
 def _non_finite(value: Any, path: str) -> tuple[str, Any] | None:
@@ -149,7 +149,7 @@ def validate(section: str | None = None) -> dict[str, Any]:
         raise ConfigError(key, value, problem + _FIX)
     found = _non_finite(doc["tangram"], "tangram")
     if found is not None:
-        raise ConfigError(found[0], found[1], f"{found[1]!r} is not a finite number" + _FIX)
+        raise ConfigError(found[0], found[1], f"{_show(found[1])} is not a finite number" + _FIX)
     return cfg
 
 
