@@ -12,16 +12,17 @@ GPU, GPU memory or token is ever over-allocated, replicas exist where used.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from .cluster import ClusterSpec
+from .costs import CostModel
 from .errors import FileFormatError
 from .policy.base import Policy
-from .policy.types import Admit, Start
+from .policy.feasibility import Capacity, never_fits
+from .policy.types import Admit, Reject, Start
 from .workload import Generated
 
 COMPLETE, ISSUE, BEGIN = 0, 1, 2
@@ -56,7 +57,34 @@ class SimResult:
     events: int = 0
 
 
+class _Timed:
+    """The policy, with the time spent inside each call added up (``time_policy``)."""
+
+    def __init__(self, pol: Policy, timer: Callable[[], float]):
+        self.pol, self.timer, self.s = pol, timer, 0.0
+
+    def __getattr__(self, name: str):
+        f = getattr(self.pol, name)
+        if not callable(f):
+            return f
+
+        def timed(*a):
+            t0 = self.timer()
+            try:
+                return f(*a)
+            finally:
+                self.s += self.timer() - t0
+        return timed
+
+
 class Simulator:
+    """One heap of ``(time, order, seq, payload)``; three handlers; one scheduling pass per instant.
+
+    The simulator owns the truth (true durations, where each trajectory's state
+    lives) and charges every decision through :class:`~tangram_dask.costs.CostModel`,
+    the same model the live plugin writes into grants.
+    """
+
     def __init__(self, gen: Generated, cluster: ClusterSpec, policy: Policy, *, audit: bool = False,
                  progress: Callable[[int, int], None] | None = None, time_policy: bool = False,
                  timer: Callable[[], float] | None = None):
@@ -67,234 +95,195 @@ class Simulator:
         self.progress = progress
         self.timer = timer or _no_clock
         self.time_policy = time_policy and timer is not None
+        self.costs = CostModel.of(cluster, gen.spec.models)
 
+    # -- the core -------------------------------------------------------------------
     def run(self) -> SimResult:
         t_wall = self.timer()
         check_fits(self.gen, self.cluster)
-        g, spec, cl, pol = self.gen, self.gen.spec, self.cluster, self.policy
-        kinds = spec.kinds
-        n = g.n_actions
-        first = g.first.tolist()
-        kind = g.kind.tolist()
-        llm = g.llm.tolist()
-        dur = g.duration.tolist()
-        hint = g.hint.tolist()
-        issue = np.zeros(n)
-        end = np.zeros(n)
-        n_traj_step = spec.trajectories
-        traj_of = np.repeat(np.arange(g.n_trajectories), np.diff(g.first)).tolist()
-        names = [f"{t // n_traj_step}/{t % n_traj_step}" for t in range(g.n_trajectories)]
-        index = {name: t for t, name in enumerate(names)}
-        # per kind: resource, scale(k) table, affinity/restore, ideal factor
-        k_res = [k.resource for k in kinds]
-        k_aff = [k.affinity == "trajectory" for k in kinds]
-        k_restore = [k.restore_s for k in kinds]
-        k_model = [k.model for k in kinds]
-        proto = [k.spec(None, "t") for k in kinds]
-        k_scale = [[p.scale(min(u, k.units_max)) if u >= k.units_min else 1.0 for u in range(max(k.units_max, 64) + 1)]
-                   for p, k in zip(proto, kinds)]
-        ideal_f = [p.scale(k.units_max) for p, k in zip(proto, kinds)]
-        warm, cold = cl.warm_start_s, cl.cold_start_s
-        slowdown = cl.cross_group_slowdown
-        load_s = {m: ms.load_s for m, ms in spec.models.items()}
-        ideal = np.array([dur[a] * ideal_f[kind[a]] + (warm if k_res[kind[a]] == "cpu" else 0.0) for a in range(n)])
-        home: dict[int, str] = {}
-        run_s = [0.0] * n
-        busy = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
-        loads = colds = restores = 0
-        heap: list[tuple] = []
-        push, pop = heapq.heappush, heapq.heappop
-        seq = 0
-        step_start: list[float] = []
-        step_end: list[float] = []
-        ideal_step: list[float] = []
-        remaining = 0
-        audit = self.audit
-        pol_t = 0.0
-        perf = self.timer
-        timing = self.time_policy
-        events = 0
-        done = 0
-        waiting: dict[int, None] = {}  # issued, not started: named if the run gets stuck
-        begun = admitted = 0
-        progress = self.progress
-        next_report = 0
-
-        def begin_step(s: int, now: float) -> None:
-            nonlocal remaining, seq
-            step_start.append(now)
-            lo, hi = s * n_traj_step, (s + 1) * n_traj_step
-            best = 0.0
-            for t in range(lo, hi):
-                a0, a1 = first[t], first[t + 1]
-                best = max(best, sum(llm[a0:a1]) + float(ideal[a0:a1].sum()))
-            ideal_step.append(best)
-            remaining = hi - lo
-            push(heap, (now, BEGIN, seq, s))
-            seq += 1
-
-        begin_step(0, 0.0)
+        self._setup()
+        pol = _Timed(self.policy, self.timer) if self.time_policy else self.policy
+        self.pol = pol
+        heap, pop = self.heap, heapq.heappop
+        handlers = (self._complete, self._issue, self._begin)
+        apply = {Start: self._start, Admit: self._admit, Reject: self._rejected}
+        progress, next_report, n = self.progress, 0, self.n
+        self._begin_step(0, 0.0)
         while heap:
             now = heap[0][0]
             while heap and heap[0][0] == now:
                 _, order, _, x = pop(heap)
-                events += 1
-                if order == COMPLETE:
-                    a = x
-                    end[a] = now
-                    done += 1
-                    if audit:
-                        audit.finish(a)
-                    if timing:
-                        t0 = perf()
-                        pol.finish(a, now, run_s[a])
-                        pol_t += perf() - t0
-                    else:
-                        pol.finish(a, now, run_s[a])
-                    t = traj_of[a]
-                    if a + 1 == first[t + 1]:  # the reward ended: the trajectory is done
-                        pol.end_trajectory(names[t], now)
-                        if audit:
-                            audit.end_trajectory(names[t])
-                        home.pop(t, None)
-                        remaining -= 1
-                        if remaining == 0:
-                            step_end.append(now)
-                            s = len(step_end)
-                            if s < spec.steps:
-                                begin_step(s, now + spec.train_time_s)
-                    else:
-                        push(heap, (now + llm[a + 1], ISSUE, seq, a + 1))
-                        seq += 1
-                elif order == ISSUE:
-                    a = x
-                    issue[a] = now
-                    waiting[a] = None
-                    k = kind[a]
-                    sp = proto[k].instance(hint[a], names[traj_of[a]])
-                    if timing:
-                        t0 = perf()
-                        pol.submit(a, sp, now)
-                        pol_t += perf() - t0
-                    else:
-                        pol.submit(a, sp, now)
-                else:
-                    s = x
-                    begun += n_traj_step
-                    for t in range(s * n_traj_step, (s + 1) * n_traj_step):
-                        pol.begin_trajectory(names[t], now)
-            if timing:
-                t0 = perf()
-                decisions = pol.schedule(now)
-                pol_t += perf() - t0
-            else:
-                decisions = pol.schedule(now)
-            for d in decisions:
-                if d.__class__ is Start:
-                    a = d.action
-                    waiting.pop(a, None)
-                    k = kind[a]
-                    res = k_res[k]
-                    if res == "cpu":
-                        setup = warm if d.sandbox == "warm" else (cold if d.sandbox == "cold" else 0.0)
-                        if d.sandbox == "cold":
-                            colds += 1
-                        if k_aff[k]:
-                            t = traj_of[a]
-                            prev = home.get(t)
-                            if prev is not None and prev != d.node:
-                                setup += k_restore[k]
-                                restores += 1
-                                if audit and not d.restore:
-                                    raise AuditError(f"action {a} moved trajectory {names[t]} from {prev} to {d.node} without restore")
-                            home[t] = d.node
-                        r = dur[a] * k_scale[k][d.units]
-                    elif res == "gpu":
-                        setup = 0.0
-                        if d.load:
-                            setup = load_s[k_model[k]]
-                            loads += 1
-                        r = dur[a] * k_scale[k][d.units]
-                        if d.cross_group:
-                            r *= slowdown
-                    else:
-                        setup = 0.0
-                        r = dur[a] * k_scale[k][d.units]
-                    if audit:
-                        audit.start(a, d, kinds[k], now)
-                    run_s[a] = r
-                    busy[res] += d.units * (setup + r)
-                    push(heap, (now + setup + r, COMPLETE, seq, a))
-                    seq += 1
-                else:  # Admit
-                    t = index[d.trajectory]
-                    admitted += 1
-                    if audit:
-                        audit.admit(d)
-                    if d.units:  # a sandbox bound for the trajectory's life: started cold, even if that is free
-                        colds += 1
-                        busy["cpu"] += d.units * d.setup_s
-                    a0 = first[t]
-                    push(heap, (now + d.setup_s + llm[a0], ISSUE, seq, a0))
-                    seq += 1
-            if progress is not None and done >= next_report:
-                progress(done, n)
-                next_report = done + max(1, n // 100)
+                self.events += 1
+                handlers[order](x, now)
+            for d in pol.schedule(now):
+                apply[d.__class__](d, now)
+            if progress is not None and self.done >= next_report:
+                progress(self.done, n)
+                next_report = self.done + max(1, n // 100)
         if progress is not None:
             progress(n, n)
-        if done != n:
-            stuck = n - done
-            raise AuditError(f"{pol.name}: {stuck} of {n} actions never completed; left waiting with nothing "
-                             f"running: {_stuck(waiting, kind, kinds, pol, begun - admitted)} (a policy bug, "
-                             f"or a policy that cannot serve this workload on this cluster)")
-        return SimResult(pol.name, issue, end, ideal, step_start, step_end, ideal_step, loads, colds, restores,
-                         busy, cl.capacity(), pol.decisions, pol_t, self.timer() - t_wall, events)
+        if self.done != n:
+            raise AuditError(f"{self.policy.name}: {n - self.done} of {n} actions never completed; left waiting with "
+                             f"nothing running: {self._stuck()} (a policy bug, or a policy that cannot serve this "
+                             f"workload on this cluster)")
+        return SimResult(self.policy.name, self.issue, self.end, self.ideal, self.step_start, self.step_end,
+                         self.ideal_step, self.loads, self.colds, self.restores, self.busy, self.cluster.capacity(),
+                         self.policy.decisions, pol.s if self.time_policy else 0.0, self.timer() - t_wall,
+                         self.events)
 
+    def _push(self, t: float, order: int, x: int) -> None:
+        heapq.heappush(self.heap, (t, order, self.seq, x))
+        self.seq += 1
 
-def _stuck(waiting: dict[int, None], kind: list[int], kinds: tuple, pol: Policy, unadmitted: int) -> str:
-    """What a stuck run left waiting, by kind: ``2 x judge (gpu, model rm: no replica resident)``."""
-    count: dict[int, int] = {}
-    for a in waiting:
-        count[kind[a]] = count.get(kind[a], 0) + 1
-    parts = []
-    for i, c in sorted(count.items()):
-        k = kinds[i]
-        what = k.resource
-        if k.resource == "gpu":
-            what += f", model {k.model}" + ("" if pol.gpu.by_model.get(k.model) else ": no replica resident")
-        parts.append(f"{c} x {k.kind} ({what})")
-    if unadmitted:
-        parts.append(f"{unadmitted} trajectories not admitted")
-    return ", ".join(parts) or "nothing"
+    def _setup(self) -> None:
+        g, spec = self.gen, self.gen.spec
+        kinds = spec.kinds
+        self.n = n = g.n_actions
+        self.first = g.first.tolist()
+        self.kind = g.kind.tolist()
+        self.llm = g.llm.tolist()
+        self.dur = g.duration.tolist()
+        self.hint = g.hint.tolist()
+        self.issue = np.zeros(n)
+        self.end = np.zeros(n)
+        self.per_step = spec.trajectories
+        self.traj_of = np.repeat(np.arange(g.n_trajectories), np.diff(g.first)).tolist()
+        self.names = [f"{t // self.per_step}/{t % self.per_step}" for t in range(g.n_trajectories)]
+        self.index = {name: t for t, name in enumerate(self.names)}
+        self.proto = [k.spec(None, "t") for k in kinds]
+        self.stateful = [k.affinity == "trajectory" for k in kinds]
+        fixed = np.array([self.costs.ideal_s(p, 0.0) for p in self.proto])
+        factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
+        self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
+        self.home: dict[int, str] = {}
+        self.run_s = [0.0] * n
+        self.busy = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
+        self.loads = self.colds = self.restores = 0
+        self.heap: list[tuple] = []
+        self.seq = self.events = self.done = self.remaining = 0
+        self.step_start: list[float] = []
+        self.step_end: list[float] = []
+        self.ideal_step: list[float] = []
+        self.waiting: dict[int, None] = {}  # issued, not started: named if the run gets stuck
+        self.begun = self.admitted = 0
+
+    # -- handlers -------------------------------------------------------------------
+    def _begin_step(self, s: int, now: float) -> None:
+        self.step_start.append(now)
+        lo, hi = s * self.per_step, (s + 1) * self.per_step
+        first, llm, ideal = self.first, self.llm, self.ideal
+        self.ideal_step.append(max(sum(llm[first[t]:first[t + 1]]) + float(ideal[first[t]:first[t + 1]].sum())
+                                   for t in range(lo, hi)))
+        self.remaining = hi - lo
+        self._push(now, BEGIN, s)
+
+    def _begin(self, s: int, now: float) -> None:
+        self.begun += self.per_step
+        for t in range(s * self.per_step, (s + 1) * self.per_step):
+            self.pol.begin_trajectory(self.names[t], now)
+
+    def _issue(self, a: int, now: float) -> None:
+        self.issue[a] = now
+        self.waiting[a] = None
+        self.pol.submit(a, self.proto[self.kind[a]].instance(self.hint[a], self.names[self.traj_of[a]]), now)
+
+    def _complete(self, a: int, now: float) -> None:
+        self.end[a] = now
+        self.done += 1
+        if self.audit:
+            self.audit.finish(a)
+        self.pol.finish(a, now, self.run_s[a])
+        t = self.traj_of[a]
+        if a + 1 < self.first[t + 1]:
+            self._push(now + self.llm[a + 1], ISSUE, a + 1)
+            return
+        name = self.names[t]  # the reward ended: the trajectory is done
+        self.pol.end_trajectory(name, now)
+        if self.audit:
+            self.audit.end_trajectory(name)
+        self.home.pop(t, None)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.step_end.append(now)
+            s = len(self.step_end)
+            if s < self.gen.spec.steps:
+                self._begin_step(s, now + self.gen.spec.train_time_s)
+
+    def _start(self, d: Start, now: float) -> None:
+        a = d.action
+        self.waiting.pop(a, None)
+        k = self.kind[a]
+        spec = self.proto[k]
+        restore = False
+        if self.stateful[k]:  # the truth: where the trajectory's state is
+            t = self.traj_of[a]
+            prev = self.home.get(t)
+            restore = prev is not None and prev != d.node
+            if restore and self.audit and not d.restore:
+                raise AuditError(f"action {a} moved trajectory {self.names[t]} from {prev} to {d.node} without "
+                                 f"restore")
+            self.home[t] = d.node
+        setup = self.costs.setup_s(spec, sandbox=d.sandbox, restore=restore, load=d.load)
+        r = self.costs.run_s(spec, d.units, self.dur[a], d.cross_group)
+        self.restores += restore
+        self.colds += d.sandbox == "cold"
+        self.loads += d.load
+        if self.audit:
+            self.audit.start(a, d, self.gen.spec.kinds[k], now)
+        self.run_s[a] = r
+        self.busy[spec.resource] += d.units * (setup + r)
+        self._push(now + setup + r, COMPLETE, a)
+
+    def _admit(self, d: Admit, now: float) -> None:
+        t = self.index[d.trajectory]
+        self.admitted += 1
+        if self.audit:
+            self.audit.admit(d)
+        if d.units:  # a sandbox bound for the trajectory's life: started cold, even if that is free
+            self.colds += 1
+            self.busy["cpu"] += d.units * d.setup_s
+        a0 = self.first[t]
+        self._push(now + d.setup_s + self.llm[a0], ISSUE, a0)
+
+    def _rejected(self, d: Reject, now: float) -> None:
+        raise AuditError(f"{self.policy.name} rejected action {d.action}: {d.reason}")
+
+    def _stuck(self) -> str:
+        """What a stuck run left waiting, by kind: ``2 x judge (gpu, model rm: no replica resident)``."""
+        count: dict[int, int] = {}
+        for a in self.waiting:
+            count[self.kind[a]] = count.get(self.kind[a], 0) + 1
+        parts = []
+        kinds = self.gen.spec.kinds
+        for i, c in sorted(count.items()):
+            k = kinds[i]
+            what = k.resource
+            if k.resource == "gpu":
+                what += f", model {k.model}" + ("" if self.policy.gpu.by_model.get(k.model) else
+                                                ": no replica resident")
+            parts.append(f"{c} x {k.kind} ({what})")
+        if self.begun - self.admitted:
+            parts.append(f"{self.begun - self.admitted} trajectories not admitted")
+        return ", ".join(parts) or "nothing"
 
 
 def check_fits(gen: Generated, cluster: ClusterSpec) -> None:
     """Every action kind of the run can be served by the cluster at all, whatever the policy.
 
-    A kind that can never fit (more slots than any CPU node has, more tokens
-    than the quota, a replica larger than any GPU node) would wait forever;
-    this says so up front, naming the workload file and the kind's key.
+    The same check the policy applies live (:func:`~tangram_dask.policy.feasibility.never_fits`),
+    made up front for the kinds the run uses, naming the workload file and the kind's key.
     """
     spec = gen.spec
     n_tools = len(spec.tools)
-    max_slots = max((n.slots for n in cluster.cpu_nodes), default=0)
+    cap = Capacity.of_cluster(cluster)
+    where = f"cluster {cluster.name!r}" + (f" ({cluster.source})" if cluster.source else "")
     for i in sorted(set(np.unique(gen.kind).tolist())):
         k = spec.kinds[i]
-        key = f"tools[{i}]" if i < n_tools else f"rewards[{i - n_tools}]"
-        where = f"cluster {cluster.name!r}" + (f" ({cluster.source})" if cluster.source else "")
-        if k.resource == "cpu" and k.units_min > max_slots:
-            raise FileFormatError(spec.source or "<workload>", f"{key}.units.min",
-                                  f"{k.kind} needs {k.units_min} sandbox slots on one CPU node; the largest "
-                                  f"CPU node of {where} has {max_slots}")
-        if k.resource == "api" and k.units_min > cluster.api_tokens:
-            raise FileFormatError(spec.source or "<workload>", f"{key}.units.min",
-                                  f"{k.kind} needs {k.units_min} API tokens; {where} has {cluster.api_tokens}")
-        if k.resource == "gpu":
-            m = spec.models[k.model]
-            if not any(m.replica_gpus(k.units_min, n.gpu_memory_gb) <= n.gpus for n in cluster.gpu_nodes):
-                raise FileFormatError(spec.source or "<workload>", f"{key}.model",
-                                      f"a replica of {k.model} ({m.gpu_memory_gb:g} GB, units.min {k.units_min}) "
-                                      f"fits no GPU node of {where}")
+        sf = never_fits(k.spec(None, "t"), cap, spec.models)
+        if sf is not None:
+            key = f"tools[{i}]" if i < n_tools else f"rewards[{i - n_tools}]"
+            raise FileFormatError(spec.source or "<workload>", f"{key}.{'model' if k.resource == 'gpu' else 'units.min'}",
+                                  f"{sf.reason} (on {where})")
 
 
 class _Audit:

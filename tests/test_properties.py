@@ -191,17 +191,18 @@ def test_shipped_files_audit_clean(policy, workload, cluster):
 # -- a cluster that can never serve an action: a clear error, not a stuck run --------------------
 UNSERVABLE = [
     ("cpu-units-above-every-node", dict(tools=[kind("big", units=(4, 8))]), dict(cpu=[{"count": 2, "slots": 3}]),
-     "tools[0].units.min", "largest CPU node"),
+     "tools[0].units.min", "the largest CPU worker has 3 slots"),
     ("api-units-above-the-quota", dict(tools=[kind("search", "api", units=(3, 3))]), dict(cpu=[{"slots": 2}], tokens=2),
      "tools[0].units.min", "API tokens"),
     ("api-without-any-quota", dict(tools=[kind("search", "api")]), dict(cpu=[{"slots": 2}]),
      "tools[0].units.min", "API tokens"),
     ("gpu-model-larger-than-any-node",
      dict(rewards=[kind("judge", "gpu", model="big")], models={"big": {"gpu_memory_gb": 200, "load_s": 1}}),
-     dict(cpu=[{"slots": 2}], gpu=[{"gpus": 2, "gpu_memory_gb": 80}]), "rewards[0].model", "fits no GPU node"),
+     dict(cpu=[{"slots": 2}], gpu=[{"gpus": 2, "gpu_memory_gb": 80}]), "rewards[0].model",
+     "the GPU workers have 2 x 80 GB"),
     ("gpu-action-without-gpus",
      dict(rewards=[kind("judge", "gpu", model="m")], models={"m": {"gpu_memory_gb": 8, "load_s": 1}}),
-     dict(cpu=[{"slots": 2}]), "rewards[0].model", "fits no GPU node"),
+     dict(cpu=[{"slots": 2}]), "rewards[0].model", "no GPU worker has joined"),
 ]
 
 
