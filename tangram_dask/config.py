@@ -121,7 +121,10 @@ def _problem(error: jsonschema.ValidationError) -> tuple[str, Any, str]:
 
 
 def _non_finite(value: Any, path: str) -> tuple[str, Any] | None:
+    """The first float that is nan or infinite, or int beyond 64 bits, under ``value``."""
     if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         return path, value
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -143,13 +146,13 @@ def validate(section: str | None = None) -> dict[str, Any]:
     """
     cfg = effective(section)
     doc = {"tangram": {section: cfg} if section is not None else cfg}
+    found = _non_finite(doc["tangram"], "tangram")  # first: jsonschema's messages cannot show a huge int
+    if found is not None:
+        raise ConfigError(found[0], found[1], f"{_show(found[1])} is not a finite number (within 64 bits)" + _FIX)
     errors = sorted(_VALIDATOR.iter_errors(doc), key=lambda e: (len(e.absolute_path), _path(e), e.validator))
     if errors:
         key, value, problem = _problem(errors[0])
         raise ConfigError(key, value, problem + _FIX)
-    found = _non_finite(doc["tangram"], "tangram")
-    if found is not None:
-        raise ConfigError(found[0], found[1], f"{_show(found[1])} is not a finite number" + _FIX)
     return cfg
 
 

@@ -123,6 +123,7 @@ BAD_CONFIG = [
      "nan is not a finite number"),
     ("ttl-infinite", {"tangram.scheduler.trajectory-ttl-s": math.inf}, "scheduler",
      "tangram.scheduler.trajectory-ttl-s", "inf is not a finite number"),
+    ("slots-huge", {"tangram.worker.slots": -10**5000}, "worker", "tangram.worker.slots", "<int of 16610 bits>"),
     ("slowdown-below-one", {"tangram.scheduler.cross-group-slowdown": 0.5}, "scheduler",
      "tangram.scheduler.cross-group-slowdown", "below the minimum 1"),
     ("section-not-a-mapping", {"tangram.scheduler": "oops"}, "scheduler", "tangram.scheduler",
