@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .errors import FileFormatError, PlacementError, SandboxError, SpecError, TangramError
+from .errors import FileFormatError, ModelError, PlacementError, SandboxError, SpecError, TangramError
 from .spec import ActionSpec, make_spec
 
 __version__ = "0.1.0"
@@ -30,11 +30,14 @@ _LAZY = {
     "begin_trajectory": "client",
     "end_trajectory": "client",
     "run_live": "live",
+    "register_model": "models",
+    "reward_model": "models",
+    "models_snapshot": "models",
 }
 
 __all__ = [
     "ActionSpec", "make_spec",
-    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError",
+    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError", "ModelError",
     *_LAZY,
 ]
 

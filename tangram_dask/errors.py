@@ -6,6 +6,7 @@
     ├── ConfigError (ValueError)    a ``tangram:`` dask config key is unknown or has a bad value
     ├── PluginMissingError          actions sent to a scheduler without the tangram plugin
     ├── PlacementError              the scheduler could not place an action (plugin side)
+    ├── ModelError                  a reward model could not be registered, loaded or used
     └── SandboxError                a sandbox could not be created or used (worker side)
 
 Each message says what is wrong (field or key, value) and how to fix it.
@@ -71,6 +72,10 @@ class PluginMissingError(TangramError):
 
 class PlacementError(TangramError):
     """The scheduler plugin could not place an action; the message says why."""
+
+
+class ModelError(TangramError):
+    """A reward model could not be registered, loaded, kept resident or used (tangram_dask.models)."""
 
 
 class SandboxError(TangramError):

@@ -56,6 +56,8 @@ from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in opt
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import ReplicaSpec, Start
 from .spec import ActionSpec
+from .models.scheduler import install_residency
+from .adaptive import install as install_adaptive
 from .workers import PLUGIN_NAME, TangramWorkerPlugin
 
 logger = logging.getLogger("tangram_dask.scheduler")
@@ -153,6 +155,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[BEGIN_TRAJECTORY_HANDLER] = self._handle_begin_trajectory
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
+        install_residency(self, scheduler)  # reward models: registrations, residency reports (tangram_dask.models)
+        install_adaptive(self, scheduler)  # elastic pool: adaptive_target per kind, safe retirement (tangram_dask.adaptive)
         for addr in list(scheduler.workers):  # workers already there when the plugin arrived
             self.add_worker(scheduler, addr)
         await scheduler.register_worker_plugin(None, dumps(TangramWorkerPlugin()), name=PLUGIN_NAME,

@@ -5,31 +5,43 @@ A worker offers one of:
 - **sandbox slots** (a CPU node): ``dask worker --resources slots=8`` or the
   config key ``tangram.worker.slots``;
 - **GPUs** (a GPU node) with their topology groups and memory: discovered
-  through NVML (``pynvml``) where it is present, groups from NVLink and from
-  the PCIe common-ancestor query; otherwise from config
-  (``tangram.worker.gpus``, ``tangram.worker.gpu-memory-gb``,
-  ``tangram.worker.gpu-groups``) or ``--resources gpus=4``, with one log line
-  saying so. ``tangram.worker.nvml: false`` skips discovery (abstract GPUs);
+  through NVML (``nvidia-ml-py``, module ``pynvml``) where it is present,
+  restricted to the devices the worker's launch-time ``CUDA_VISIBLE_DEVICES``
+  names (indices, ``GPU-`` UUIDs or ``MIG-`` UUIDs), groups from NVLink and
+  from the PCIe common-ancestor query; otherwise from config
+  (``tangram.worker.gpus`` with ``tangram.worker.gpu-memory-gb``, and
+  ``tangram.worker.gpu-groups``) or ``--resources gpus=N`` with
+  ``gpu-memory-gb``, with one log line saying so. ``tangram.worker.nvml:
+  false`` skips discovery (abstract GPUs: the tests and CPU-only machines);
 - **API calls** (``--resources api=N`` or ``tangram.worker.api: N``): the
   worker may run that many API actions at once. The API quota itself (tokens)
   is held by the scheduler, not by workers.
 
 :class:`TangramWorkerPlugin` is installed on every worker by the scheduler
-plugin (one feature, one name: ``"tangram"``). Its ``setup`` sends the
-declaration to the scheduler; its ``transition`` hook sets
-``CUDA_VISIBLE_DEVICES`` for a GPU action as it starts executing.
+plugin (one feature, one name: ``"tangram"``). Its ``setup`` validates the
+``tangram.worker`` config, sends the declaration to the scheduler and, on a
+GPU worker, starts the reward-model residency (:mod:`tangram_dask.models`);
+its ``transition`` hook sets ``CUDA_VISIBLE_DEVICES`` for a GPU action as it
+starts executing and pins, loads and releases the replica the grant names.
+
+Device numbering: NVML numbers GPUs in PCI bus order, CUDA by default
+"fastest first". The plugin sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in the
+worker process (unless already set) so that the grant's device ids, which are
+NVML indices, mean the same GPUs to CUDA; ``CUDA_VISIBLE_DEVICES`` is written
+with the GPUs' UUIDs where NVML gave them, which needs no ordering at all.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from . import config as _config  # noqa: F401  (registers the tangram: defaults)
+from . import config as _config
+from .errors import ConfigError
 from .messages import DECLARE_HANDLER, WorkerDeclaration
 
 logger = logging.getLogger("tangram_dask.workers")
@@ -68,92 +80,246 @@ def groups_from_links(n: int, linked: Callable[[int, int], bool]) -> tuple[tuple
     return tuple(len(g) for g in ordered), tuple(i for g in ordered for i in g)
 
 
-def discover_gpus() -> tuple[WorkerDeclaration | None, str]:
-    """GPUs through NVML: ``(declaration, "")``, or ``(None, why not)``."""
+def parse_visible_devices(value: str | None) -> list[int | str] | None:
+    """The launch-time ``CUDA_VISIBLE_DEVICES``: None when unset, else its entries.
+
+    Entries are device indices or ``GPU-``/``MIG-`` UUIDs (a unique prefix of a
+    UUID is enough, as for CUDA). An empty value means no GPU is visible.
+    Anything else is a :class:`~tangram_dask.errors.ConfigError` naming it
+    (CUDA itself would silently hide every device from that entry on).
+    """
+    if value is None:
+        return None
+    out: list[int | str] = []
+    for raw in value.split(","):
+        tok = raw.strip()
+        if not tok:
+            continue
+        if tok.lstrip("-").isdigit():
+            if int(tok) < 0:
+                break  # CUDA: a negative index hides every device from it on
+            out.append(int(tok))
+        elif tok.startswith(("GPU-", "MIG-")):
+            out.append(tok)
+        else:
+            raise ConfigError("CUDA_VISIBLE_DEVICES", value,
+                              f"entry {tok!r} is neither a device index nor a GPU-/MIG- UUID "
+                              f"(set it to e.g. '0,1' or 'GPU-<uuid>')")
+    return out
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What NVML says about the GPUs this worker process may use.
+
+    ``declaration``: what the scheduler is told. ``cuda_ordinals[i]``: the CUDA
+    ordinal of policy GPU ``i`` inside this process (its position among the
+    visible devices), what ``torch.device("cuda", k)`` takes.
+    ``memory_bytes[i]``: the total memory of policy GPU ``i``.
+    """
+
+    declaration: WorkerDeclaration
+    cuda_ordinals: tuple[int, ...]
+    memory_bytes: tuple[int, ...]
+    names: tuple[str, ...] = ()
+
+
+def discover(visible: str | None = None, *, nvml: Any = None, env: bool = True) -> tuple[GpuFacts | None, str]:
+    """GPUs through NVML: ``(facts, "")``, or ``(None, why not)``.
+
+    ``visible`` is the ``CUDA_VISIBLE_DEVICES`` value to honour (by default the
+    process's own, read when ``env`` is true). ``nvml`` replaces the ``pynvml``
+    module (tests give a fake one where no GPU exists).
+    """
+    if visible is None and env:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    wanted = parse_visible_devices(visible)
+    if wanted == []:
+        return None, f"CUDA_VISIBLE_DEVICES={visible!r} names no GPU"
+    if nvml is None:
+        try:
+            import pynvml as nvml  # the nvidia-ml-py package
+        except ImportError as e:  # a dependency, but a worker image may lack it
+            return None, f"pynvml (nvidia-ml-py) is not importable ({e})"
     try:
-        import pynvml
-    except ImportError as e:  # a dependency, but a worker image may lack it
-        return None, f"pynvml is not importable ({e})"
-    try:
-        pynvml.nvmlInit()
+        nvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded...
         return None, f"NVML is not available ({type(e).__name__})"
     try:
-        n = pynvml.nvmlDeviceGetCount()
+        n = nvml.nvmlDeviceGetCount()
         if n == 0:
             return None, "NVML found no GPU"
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        mem_gb = min(pynvml.nvmlDeviceGetMemoryInfo(h).total for h in handles) / 1e9
-        pci = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
+        all_handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        all_uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in all_handles]
+        # (handle, NVML index of the physical GPU, UUID) of each visible device, in CUDA's order
+        chosen: list[tuple[Any, int, str]] = []
+        if wanted is None:
+            chosen = [(h, i, all_uuids[i]) for i, h in enumerate(all_handles)]
+        else:
+            for tok in wanted:
+                if isinstance(tok, int):
+                    if tok >= n:
+                        break  # CUDA: an index past the last device hides it and every later entry
+                    chosen.append((all_handles[tok], tok, all_uuids[tok]))
+                elif tok.startswith("GPU-"):
+                    hits = [i for i, u in enumerate(all_uuids) if u.startswith(tok)]
+                    if len(hits) != 1:
+                        raise ConfigError("CUDA_VISIBLE_DEVICES", visible,
+                                          f"{tok!r} matches {len(hits)} of this machine's GPUs {all_uuids}")
+                    chosen.append((all_handles[hits[0]], hits[0], all_uuids[hits[0]]))
+                else:  # a MIG instance: its own handle and memory; its parent's index
+                    try:
+                        h = nvml.nvmlDeviceGetHandleByUUID(tok.encode() if isinstance(tok, str) else tok)
+                        parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h)
+                        idx = all_handles.index(parent) if parent in all_handles else \
+                            all_uuids.index(_text(nvml.nvmlDeviceGetUUID(parent)))
+                    except ConfigError:
+                        raise
+                    except Exception as e:
+                        raise ConfigError("CUDA_VISIBLE_DEVICES", visible,
+                                          f"MIG device {tok!r} not found through NVML ({type(e).__name__}: {e})")
+                    chosen.append((h, idx, tok))
+            if len({c[2] for c in chosen}) != len(chosen):
+                raise ConfigError("CUDA_VISIBLE_DEVICES", visible, "names one device twice")
+            if not chosen:
+                return None, f"CUDA_VISIBLE_DEVICES={visible!r} names no GPU this machine has ({n} GPUs)"
+        handles = [c[0] for c in chosen]
+        k = len(chosen)
+        mem = [int(nvml.nvmlDeviceGetMemoryInfo(h).total) for h in handles]
+        mig = [c[2].startswith("MIG-") for c in chosen]
+        pci = [_text(nvml.nvmlDeviceGetPciInfo(all_handles[c[1]]).busId) for c in chosen]
         nvlink: set[tuple[int, int]] = set()
         for i, h in enumerate(handles):
-            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            if mig[i]:
+                continue
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
                 try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                    if nvml.nvmlDeviceGetNvLinkState(h, link) != nvml.NVML_FEATURE_ENABLED:
                         continue
-                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+                    remote = _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
                 except Exception:  # no such link, or no NVLink on this GPU
                     break
-                if remote in pci:
-                    j = pci.index(remote)
-                    nvlink.add((min(i, j), max(i, j)))
+                for j in range(k):
+                    if j != i and not mig[j] and pci[j] == remote:
+                        nvlink.add((min(i, j), max(i, j)))
 
         def linked(i: int, j: int) -> bool:
+            if mig[i] or mig[j]:
+                return False  # a MIG instance is a group of its own
             if (i, j) in nvlink:
                 return True
             if nvlink:  # NVLink islands define the groups where NVLink exists
                 return False
             try:
-                level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
             except Exception:
                 return False
             return level <= _SAME_SWITCH
 
-        groups, order = groups_from_links(n, linked)
-        return WorkerDeclaration(gpus=n, gpu_memory_gb=round(mem_gb, 2), groups=groups, source="nvml",
-                                 device_ids=order), ""
+        groups, order = groups_from_links(k, linked)
+        names = []
+        for i in order:
+            try:
+                names.append(_text(nvml.nvmlDeviceGetName(handles[i])))
+            except Exception:
+                names.append("")
+        decl = WorkerDeclaration(gpus=k, gpu_memory_gb=round(min(mem) / 1e9, 2), groups=groups, source="nvml",
+                                 device_ids=tuple(chosen[i][1] for i in order),
+                                 device_uuids=tuple(chosen[i][2] for i in order))
+        return GpuFacts(decl, tuple(order), tuple(mem[i] for i in order), tuple(names)), ""
     finally:
         try:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
         except Exception:
             pass
 
 
-def declare(resources: dict[str, float], config: Any = None) -> WorkerDeclaration:
-    """What this worker offers, from its Dask resources, NVML and the ``tangram.worker`` config."""
-    raw = config if config is not None else dask.config.get("tangram.worker", default={}) or {}
-    cfg = {str(k).replace("_", "-"): v for k, v in raw.items()}  # DASK_TANGRAM__WORKER__GPU_GROUPS too
-    slots = int(resources.get("slots", cfg.get("slots", 0)) or 0)
-    api = int(resources.get("api", cfg.get("api", 0)) or 0)
-    want_gpus = int(cfg.get("gpus", resources.get("gpus", 0)) or 0)
-    use_nvml = cfg.get("nvml", True)
-    if use_nvml:
-        found, why = discover_gpus()
-        if found is not None:
-            logger.info("tangram: %d GPUs from NVML, groups %s, %.0f GB each", found.gpus, list(found.groups),
-                        found.gpu_memory_gb)
-            return WorkerDeclaration(slots, found.gpus, found.gpu_memory_gb, found.groups, api, "nvml",
-                                     found.device_ids)
+def discover_gpus() -> tuple[WorkerDeclaration | None, str]:
+    """GPUs through NVML (honouring ``CUDA_VISIBLE_DEVICES``): ``(declaration, "")``, or ``(None, why not)``."""
+    facts, why = discover()
+    return (facts.declaration if facts is not None else None), why
+
+
+def _worker_config(config: Any) -> dict[str, Any]:
+    if config is None:
+        return _config.validate("worker")
+    return {str(k).replace("_", "-"): v for k, v in dict(config).items()}  # DASK_TANGRAM__WORKER__GPU_GROUPS too
+
+
+def declare_facts(resources: dict[str, float], config: Any = None, *, nvml: Any = None,
+                  visible: str | None = None) -> tuple[WorkerDeclaration, GpuFacts | None]:
+    """What this worker offers (and NVML's facts, when its GPUs came from NVML).
+
+    ``config`` is the ``tangram.worker`` mapping (default: the validated dask
+    config). GPUs: NVML unless ``nvml: false``; else ``tangram.worker.gpus``
+    or ``--resources gpus=N``, which need ``tangram.worker.gpu-memory-gb``.
+    """
+    cfg = _worker_config(config)
+    slots = int(resources.get("slots", 0) or cfg.get("slots", 0) or 0)
+    api = int(resources.get("api", 0) or cfg.get("api", 0) or 0)
+    res_gpus = int(resources.get("gpus", 0) or 0)
+    cfg_gpus = int(cfg.get("gpus", 0) or 0)
+    want_gpus = cfg_gpus or res_gpus
+    if cfg.get("nvml", True):
+        facts, why = discover(visible, nvml=nvml, env=visible is None)
+        if facts is not None:
+            d = facts.declaration
+            logger.info("tangram: %d GPUs from NVML (devices %s), groups %s, %.1f GB each", d.gpus,
+                        list(d.device_ids), list(d.groups), d.gpu_memory_gb)
+            if res_gpus and res_gpus != d.gpus:
+                logger.warning("tangram: --resources gpus=%d but NVML finds %d usable GPUs here; the scheduler "
+                               "is told %d (give --resources gpus=%d)", res_gpus, d.gpus, d.gpus, d.gpus)
+            return WorkerDeclaration(slots, d.gpus, d.gpu_memory_gb, d.groups, api, "nvml", d.device_ids,
+                                     d.device_uuids), facts
     else:
         why = "tangram.worker.nvml is false"
     if not want_gpus:
-        return WorkerDeclaration(slots=slots, api=api, source="resources")
-    groups = tuple(int(g) for g in cfg.get("gpu-groups", None) or (want_gpus,))
-    mem = float(cfg.get("gpu-memory-gb", 80.0))
-    source = "config" if "gpus" in cfg else "resources"
+        return WorkerDeclaration(slots=slots, api=api, source="resources"), None
+    source = "config" if cfg_gpus else "resources"
+    mem = cfg.get("gpu-memory-gb")
+    if mem is None:
+        key = "tangram.worker.gpus" if cfg_gpus else "--resources gpus"
+        raise ConfigError("tangram.worker.gpu-memory-gb", None,
+                          f"{key} = {want_gpus} without NVML ({why}) needs the memory of each GPU: set "
+                          f"tangram.worker.gpu-memory-gb (DASK_TANGRAM__WORKER__GPU_MEMORY_GB)")
+    try:
+        mem = float(mem)
+    except (TypeError, ValueError):
+        raise ConfigError("tangram.worker.gpu-memory-gb", mem, "must be a number of GB") from None
+    if not mem > 0:
+        raise ConfigError("tangram.worker.gpu-memory-gb", mem, "must be > 0")
+    raw_groups = cfg.get("gpu-groups") or (want_gpus,)
+    groups = tuple(int(g) for g in raw_groups)
+    if sum(groups) != want_gpus or min(groups) < 1:
+        raise ConfigError("tangram.worker.gpu-groups", list(raw_groups),
+                          f"group sizes must be >= 1 and sum to the {want_gpus} GPUs declared")
+    if res_gpus and cfg_gpus and res_gpus != cfg_gpus:
+        logger.warning("tangram: --resources gpus=%d but tangram.worker.gpus=%d; the scheduler is told %d",
+                       res_gpus, cfg_gpus, cfg_gpus)
     logger.info("tangram: %s; %d GPUs declared from %s: groups %s, %g GB each (set tangram.worker.gpus, "
                 "gpu-groups, gpu-memory-gb to change)", why, want_gpus, source, list(groups), mem)
-    return WorkerDeclaration(slots, want_gpus, mem, groups, api, source)
+    return WorkerDeclaration(slots, want_gpus, mem, groups, api, source), None
+
+
+def declare(resources: dict[str, float], config: Any = None, **kw: Any) -> WorkerDeclaration:
+    """What this worker offers, from its Dask resources, NVML and the ``tangram.worker`` config."""
+    return declare_facts(resources, config, **kw)[0]
 
 
 class TangramWorkerPlugin(WorkerPlugin):
-    """The worker side of the tangram plugin: declares, and sets CUDA_VISIBLE_DEVICES.
+    """The worker side of the tangram plugin: declares, sets CUDA_VISIBLE_DEVICES, keeps reward models.
 
     ``CUDA_VISIBLE_DEVICES`` is process-wide: it is set as a GPU action starts
-    executing and is exact when one GPU action runs per worker process at a
-    time (``nthreads=1``, or one worker per GPU group). With several GPU
-    actions in one process, pass ``current_allocation().env()`` to the
-    subprocess or server the action launches instead.
+    executing and is exact for subprocesses when one GPU action runs per worker
+    process at a time (``nthreads=1``, or one worker per GPU group). With
+    several GPU actions in one process, pass ``current_allocation().env()`` to
+    the subprocess or server the action launches instead. Models loaded in
+    this process (:func:`tangram_dask.reward_model`) do not depend on it: they
+    are placed on the granted GPUs by CUDA ordinal.
     """
 
     name = PLUGIN_NAME
@@ -162,23 +328,48 @@ class TangramWorkerPlugin(WorkerPlugin):
     def __init__(self) -> None:
         self.worker: Any = None
         self.declaration: WorkerDeclaration | None = None
+        self.facts: GpuFacts | None = None
+        self.residency: Any = None  # tangram_dask.models.WorkerResidency on a GPU worker
 
     async def setup(self, worker: Any) -> None:
         self.worker = worker
-        self.declaration = decl = declare(dict(worker.state.total_resources))
+        cfg = _config.validate("worker")  # a bad key or value: ConfigError naming it
+        self.declaration, self.facts = decl, facts = declare_facts(dict(worker.state.total_resources), cfg)
+        if decl.source == "nvml":
+            order = os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            if order != "PCI_BUS_ID":
+                logger.warning("tangram: CUDA_DEVICE_ORDER=%s: grants name NVML (PCI bus) indices, so CUDA may "
+                               "number these GPUs differently in subprocesses (unset it, or set PCI_BUS_ID)", order)
+        if decl.gpus:
+            from .models.worker import WorkerResidency  # the models package loads torch only on demand
+            self.residency = WorkerResidency(worker, decl, facts)
+            await self.residency.start()
+        elif int(worker.state.total_resources.get("gpus", 0) or 0):
+            logger.warning("tangram: this worker has --resources gpus but declares no GPU to tangram")
         try:
             rpc = getattr(worker.scheduler, DECLARE_HANDLER)
             await rpc(worker=worker.contact_address, declaration=decl.to_msg())
         except Exception:  # the scheduler has no tangram plugin: nothing to declare to
             logger.warning("tangram: could not declare this worker to the scheduler", exc_info=True)
 
+    async def teardown(self, worker: Any) -> None:
+        if self.residency is not None:
+            self.residency.close()
+
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        if finish != "executing" or self.declaration is None or not self.declaration.gpus:
+        if self.declaration is None or not self.declaration.gpus:
+            return
+        if self.residency is not None:
+            self.residency.transition(key, start, finish)
+        if finish != "executing":
             return
         ts = self.worker.state.tasks.get(key)
         ann = (ts.annotations or {}).get("tangram") if ts is not None else None
         grant = ann.get("grant") if isinstance(ann, dict) else None
         if grant and grant.get("gpus"):
-            ids = grant.get("device_ids") or grant["gpus"]
+            uuids = self.declaration.device_uuids
+            if uuids and all(0 <= g < len(uuids) for g in grant["gpus"]):
+                ids: Any = [uuids[g] for g in grant["gpus"]]
+            else:
+                ids = grant.get("device_ids") or grant["gpus"]
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
-

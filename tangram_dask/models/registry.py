@@ -1,0 +1,161 @@
+"""Registering reward models (client side) and reaching the granted replica (inside an action).
+
+    rm = tangram_dask.register_model(client, "rm-small", rm_small(), memory_gb=0.001, load_s=0.1)
+    with rm.action(hint_s=0.05):                      # resource="gpu", model="rm-small", units from the model
+        fut = client.submit(judge, "the answer is 4", "4")
+
+    def judge(response, reference):                   # runs on the GPU worker the scheduler chose
+        return tangram_dask.reward_model("rm-small").score([(response, reference)])[0]
+
+A loader is any picklable callable ``(devices) -> scorer`` where ``devices``
+is one device string per granted GPU (``"cuda:1"`` where CUDA exists, else
+``"cpu"``) and ``scorer.score(batch) -> list[float]``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from ..errors import ModelError
+from ..messages import MODELS_HANDLER, REGISTER_MODEL_HANDLER, ModelRegistration
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """What :func:`register_model` returns: the model's name and the units its actions take."""
+
+    name: str
+    units: tuple[int, int]
+    memory_gb: float
+    load_s: float
+
+    @contextmanager
+    def action(self, kind: str | None = None, **fields: Any) -> Iterator[Any]:
+        """``tangram_dask.action(...)`` for a scoring action of this model (GPU, its units)."""
+        from ..annotate import action
+
+        fields.setdefault("units", self.units)
+        with action(kind or f"score:{self.name}", "gpu", model=self.name, **fields) as spec:
+            yield spec
+
+
+def make_registration(name: str, loader: Callable[..., Any], *, memory_gb: float,
+                      units: int | tuple[int, int] = (1, 1), load_s: float = 1.0) -> ModelRegistration:
+    """Check the arguments of :func:`register_model` and build its message (ModelError naming a bad one)."""
+    from distributed.protocol.pickle import dumps
+
+    if not isinstance(name, str) or not name.strip():
+        raise ModelError(f"register_model: name = {name!r}: must be a non-empty string")
+    if not callable(loader):
+        raise ModelError(f"register_model({name!r}): loader = {loader!r} is not callable: pass a function "
+                         f"(devices) -> scorer")
+    try:
+        mem = float(memory_gb)
+    except (TypeError, ValueError):
+        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r} is not a number") from None
+    if not (math.isfinite(mem) and mem > 0):
+        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r}: must be a finite number > 0 "
+                         f"(the memory of one replica, in GB)")
+    lo, hi = (units, units) if isinstance(units, int) else tuple(units)
+    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+        raise ModelError(f"register_model({name!r}): units = {units!r}: must be n or (min, max) with "
+                         f"1 <= min <= max GPUs")
+    try:
+        ls = float(load_s)
+    except (TypeError, ValueError):
+        raise ModelError(f"register_model({name!r}): load_s = {load_s!r} is not a number") from None
+    if not (math.isfinite(ls) and ls >= 0):
+        raise ModelError(f"register_model({name!r}): load_s = {load_s!r}: must be a finite number >= 0")
+    try:
+        blob = dumps(loader)
+    except Exception as e:
+        raise ModelError(f"register_model({name!r}): the loader cannot be pickled ({type(e).__name__}: {e}); "
+                         f"define it at module level or as a picklable object") from None
+    return ModelRegistration(name, blob, mem, (lo, hi), ls)
+
+
+def register_model(client: Any, name: str, loader: Callable[..., Any], *, memory_gb: float,
+                   units: int | tuple[int, int] = (1, 1), load_s: float = 1.0) -> RegisteredModel:
+    """Register a reward model with the scheduler and every worker (workers joining later fetch it).
+
+    ``memory_gb``: one replica's memory (all its GPUs together) and ``load_s``
+    its load time, as declared; the scheduler's policy replaces both with what
+    the first load measured. ``units``: GPUs per scoring action, n or (min, max).
+    Registering a name again replaces its loader (replicas already resident stay).
+    """
+    reg = make_registration(name, loader, memory_gb=memory_gb, units=units, load_s=load_s)
+    rpc = getattr(client.scheduler, REGISTER_MODEL_HANDLER)
+    try:
+        reply = client.sync(rpc, registration=reg.to_msg())
+    except Exception as e:
+        raise ModelError(f"register_model({name!r}): the scheduler did not take it ({type(e).__name__}: {e}); "
+                         f"does it run the tangram scheduler plugin?") from e
+    if not isinstance(reply, dict) or reply.get("status") != "OK":
+        raise ModelError(f"register_model({name!r}): the scheduler answered {reply!r}")
+    return RegisteredModel(name, reg.units, reg.memory_gb, reg.load_s)
+
+
+def models_snapshot(client: Any) -> dict[str, Any]:
+    """Registered models, what their loads measured, what is resident on which worker, counts."""
+    return client.sync(getattr(client.scheduler, MODELS_HANDLER), loaders=False)
+
+
+class RewardModel:
+    """The replica granted to the running action; :meth:`score` waits until it is resident."""
+
+    def __init__(self, name: str, residency: Any, key: Any, timeout: float | None):
+        self.name = name
+        self._residency = residency
+        self._key = key
+        self._timeout = timeout
+
+    @property
+    def scorer(self) -> Any:
+        return self._residency.get(self._key, self._timeout)
+
+    def score(self, batch: Sequence[Any]) -> list[float]:
+        """Score a batch with the granted replica (each item: (response, reference) for the built-in models)."""
+        return list(self.scorer.score(batch))
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Where the replica lives: ``("cuda:0",)``, or ``("cpu",)`` where there is no CUDA."""
+        return self._replica().devices
+
+    def info(self) -> dict[str, Any]:
+        """The replica's residency facts (bytes per GPU, parameter bytes, how measured, load time)."""
+        self.scorer  # resident first
+        r = self._replica()
+        return {"replica": r.rid, "model": r.model, "gpus": r.gpus, "devices": r.devices,
+                "bytes_per_gpu": r.bytes_per_gpu, "param_bytes": r.param_bytes, "measured_by": r.measured_by,
+                "load_s": r.load_s}
+
+    def _replica(self) -> Any:
+        res = self._residency
+        return res.replicas[res.pins[self._key]]
+
+
+def reward_model(name: str, *, timeout: float | None = None) -> RewardModel:
+    """Inside a GPU action: the replica of ``name`` the scheduler granted it (ModelError elsewhere)."""
+    from distributed import get_worker
+    from distributed.worker import thread_state
+
+    from ..allocation import current_allocation
+    from ..workers import PLUGIN_NAME
+
+    alloc = current_allocation()
+    if alloc is None or alloc.resource != "gpu":
+        raise ModelError(f"reward_model({name!r}) is called outside a GPU action: submit the function inside "
+                         f"tangram_dask.action(resource='gpu', model={name!r}, ...)")
+    if alloc.model != name:
+        raise ModelError(f"reward_model({name!r}): this action was granted a replica of {alloc.model!r}, not "
+                         f"{name!r} (its spec says model={alloc.model!r})")
+    plugin = get_worker().plugins.get(PLUGIN_NAME)
+    residency = getattr(getattr(plugin, "residency", None), "residency", None)
+    if residency is None:
+        raise ModelError(f"reward_model({name!r}): this worker keeps no models (it declared no GPU, or the "
+                         f"tangram worker plugin is not installed)")
+    return RewardModel(name, residency, thread_state.key, timeout)

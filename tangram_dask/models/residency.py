@@ -1,0 +1,388 @@
+"""The worker's ledger of resident reward-model replicas. No Dask import: threads and callables only.
+
+One :class:`Residency` per GPU worker. Replicas are named by the policy's
+replica id (the grant's ``replica``) and live on policy GPU indices (the
+grant's ``gpus``). What it guarantees:
+
+- **Never over-committed.** Each GPU's used bytes (loaded replicas, plus the
+  estimate of a load in progress) stay within its capacity. A load whose
+  estimate does not fit, or whose measured size does not fit, fails with a
+  :class:`~tangram_dask.errors.ModelError` and holds nothing.
+- **Never evicts under an action.** An action pins its replica from the moment
+  its task reaches the worker until the task ends; evicting a pinned replica
+  waits until its last pin is gone.
+- **Loads in the background.** Loads run on their own threads; replicas on
+  other GPUs keep serving, and the action that needs the new replica blocks
+  only in :meth:`Residency.get`.
+- **Measured, not declared.** After a load, the replica's bytes per GPU are
+  what the probe measured (CUDA's allocated memory where the model went to a
+  CUDA device, else the model's parameter bytes), and its load time is the
+  wall time the loader took.
+
+Each change of state is passed to ``report`` (a
+:class:`~tangram_dask.messages.ResidencyReport`) as it happens.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Protocol, Sequence
+
+from ..errors import ModelError
+from ..messages import ResidencyReport
+
+logger = logging.getLogger("tangram_dask.models")
+
+LOADING, RESIDENT, FAILED, EVICTED = "loading", "resident", "failed", "evicted"
+
+
+class Scorer(Protocol):
+    """What a loader returns: ``score(batch) -> list[float]``; ``param_bytes`` if it knows it."""
+
+    def score(self, batch: Sequence[Any]) -> list[float]: ...
+
+
+Loader = Callable[[tuple[str, ...]], Scorer]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered model as the worker knows it: the loader and the bytes per replica to expect."""
+
+    name: str
+    loader: Loader
+    memory_bytes: int  # one replica, all its GPUs together (declared, or measured by a first load)
+
+
+def param_bytes(scorer: Any) -> int:
+    """The parameter (and buffer) bytes a scorer holds: its ``param_bytes`` if it says, else its torch modules'."""
+    pb = getattr(scorer, "param_bytes", None)
+    if pb is not None:
+        return int(pb() if callable(pb) else pb)
+    total, seen = 0, set()
+    for value in vars(scorer).values() if hasattr(scorer, "__dict__") else ():
+        params = getattr(value, "parameters", None)
+        if callable(params) and id(value) not in seen:
+            seen.add(id(value))
+            for t in list(value.parameters()) + list(value.buffers()):
+                total += t.numel() * t.element_size()
+    return total
+
+
+class MemoryProbe:
+    """Measures what a load took on each device. This one: nothing (the parameter bytes decide)."""
+
+    name = "params"
+
+    def before(self, devices: tuple[str, ...]) -> Any:
+        return None
+
+    def after(self, devices: tuple[str, ...], token: Any) -> list[int] | None:
+        return None
+
+    def freed(self, devices: tuple[str, ...]) -> None:
+        pass
+
+
+class CudaProbe(MemoryProbe):
+    """CUDA's allocated bytes on each ``cuda:k`` device, before and after the load (torch)."""
+
+    name = "cuda"
+
+    @staticmethod
+    def _cuda(devices: tuple[str, ...]) -> list[int]:
+        return [int(d.split(":")[1]) for d in devices if d.startswith("cuda:")]
+
+    def before(self, devices: tuple[str, ...]) -> Any:
+        import torch
+
+        ords = self._cuda(devices)
+        for k in ords:
+            torch.cuda.synchronize(k)
+        return {k: torch.cuda.memory_allocated(k) for k in ords}
+
+    def after(self, devices: tuple[str, ...], token: Any) -> list[int] | None:
+        import torch
+
+        if not token:
+            return None
+        out = []
+        for k in self._cuda(devices):
+            torch.cuda.synchronize(k)
+            out.append(max(0, torch.cuda.memory_allocated(k) - token[k]))
+        return out
+
+    def freed(self, devices: tuple[str, ...]) -> None:
+        import torch
+
+        if self._cuda(devices):
+            gc.collect()  # the dropped model's tensors go back to torch's cache, then to the device
+            torch.cuda.empty_cache()
+
+
+@dataclass
+class Replica:
+    rid: int
+    model: str
+    gpus: tuple[int, ...]
+    devices: tuple[str, ...]
+    state: str = LOADING
+    scorer: Any = None
+    bytes_per_gpu: int = 0  # what it holds on each of its GPUs (the estimate while loading)
+    param_bytes: int = 0
+    measured_by: str = ""
+    load_s: float = 0.0
+    error: BaseException | None = None
+    pins: set = field(default_factory=set)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class ResidencyStats:
+    loads: int = 0
+    evictions: int = 0
+    failures: int = 0
+    peak_used: list[int] = field(default_factory=list)
+
+
+class Residency:
+    """Replicas resident on one worker's GPUs (see the module docstring).
+
+    ``capacity``: bytes of each policy GPU. ``models(name)``: the
+    :class:`ModelEntry` of a model (raises :class:`ModelError` if unknown).
+    ``devices(gpus)``: the device strings a loader gets for those GPUs
+    (``"cuda:1"``, or ``"cpu"`` where there is no CUDA). ``probe``: how a
+    load's memory is measured. ``report``: called with every state change.
+    """
+
+    def __init__(self, capacity: Sequence[int], models: Callable[[str], ModelEntry],
+                 devices: Callable[[tuple[int, ...]], tuple[str, ...]], *, probe: MemoryProbe | None = None,
+                 report: Callable[[ResidencyReport], None] = lambda r: None, load_threads: int = 4):
+        self.capacity = [int(c) for c in capacity]
+        self.used = [0] * len(self.capacity)
+        self.models = models
+        self.devices = devices
+        self.probe = probe or MemoryProbe()
+        self.report = report
+        self.replicas: dict[int, Replica] = {}
+        self.pins: dict[Hashable, int] = {}
+        self.stats = ResidencyStats(peak_used=[0] * len(self.capacity))
+        self._cond = threading.Condition()
+        self._gpu_locks = [threading.Lock() for _ in self.capacity]
+        self._pool = ThreadPoolExecutor(load_threads, thread_name_prefix="tangram-load")
+        self._closed = False
+
+    # -- the action's side ---------------------------------------------------------
+    def prepare(self, key: Hashable, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> None:
+        """An action holding replica ``rid`` arrived: pin it, and load it (after ``evict``) if it is not here."""
+        gpus = tuple(int(g) for g in gpus)
+        bad = [g for g in gpus if not 0 <= g < len(self.capacity)]
+        with self._cond:
+            if key in self.pins:
+                return
+            r = self.replicas.get(rid)
+            if r is not None and (r.model != model or r.gpus != gpus):
+                if r.pins:
+                    err = ModelError(f"replica {rid} is {r.model} on GPUs {list(r.gpus)} here, but an action was "
+                                     f"granted it as {model} on GPUs {list(gpus)}: the scheduler and this worker "
+                                     f"disagree (was the scheduler restarted?)")
+                    r = Replica(rid, model, gpus, (), FAILED, error=err)
+                    r.ready.set()
+                    self.pins[key] = -1 - len(self.pins)
+                    self.replicas[self.pins[key]] = r
+                    r.pins.add(key)
+                    return
+                self._drop(r)  # a stale replica under a reused id
+                r = None
+            if r is None or (r.state in (FAILED, EVICTED) and not r.pins):
+                if bad:
+                    r = Replica(rid, model, gpus, (), FAILED, error=ModelError(
+                        f"the grant names GPUs {list(gpus)} but this worker has GPUs 0..{len(self.capacity) - 1}"))
+                    r.ready.set()
+                else:
+                    r = Replica(rid, model, gpus, self.devices(gpus))
+                    self._pool.submit(self._load, r, tuple(int(e) for e in evict))
+                self.replicas[rid] = r
+            r.pins.add(key)
+            self.pins[key] = rid
+
+    def get(self, key: Hashable, timeout: float | None = None) -> Any:
+        """The scorer of the replica ``key`` pinned, once resident (raises the load's error)."""
+        with self._cond:
+            rid = self.pins.get(key)
+            r = self.replicas.get(rid) if rid is not None else None
+        if r is None:
+            raise ModelError(f"action {key!r} holds no model replica on this worker (is it a GPU action with a "
+                             f"model, placed by the tangram scheduler plugin?)")
+        if not r.ready.wait(timeout):
+            raise ModelError(f"replica {r.rid} of {r.model} did not load within {timeout} s")
+        if r.state != RESIDENT:
+            raise r.error or ModelError(f"replica {r.rid} of {r.model} is {r.state}")
+        return r.scorer
+
+    def unpin(self, key: Hashable) -> None:
+        """The action ended (or was released): its replica may be evicted again. Safe twice."""
+        with self._cond:
+            rid = self.pins.pop(key, None)
+            r = self.replicas.get(rid) if rid is not None else None
+            if r is None:
+                return
+            r.pins.discard(key)
+            if rid < 0 and not r.pins:  # a placeholder for a refused grant
+                del self.replicas[rid]
+            self._cond.notify_all()
+
+    # -- the scheduler's side ------------------------------------------------------
+    def evict(self, rid: int, timeout: float | None = None) -> bool:
+        """Evict replica ``rid`` once no action pins it (waits up to ``timeout``). False if it is not here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            r = self.replicas.get(rid)
+            if r is None:
+                return False
+            while r.pins or r.state == LOADING:
+                if self._closed:
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise ModelError(f"replica {rid} of {r.model} is still serving an action after {timeout} s: "
+                                     f"not evicted")
+                self._cond.wait(left if left is not None else 1.0)
+                if self.replicas.get(rid) is not r:
+                    return False
+            if r.state != RESIDENT:
+                self._drop(r)
+                return False
+            self._drop(r)
+        self.probe.freed(r.devices)
+        self.stats.evictions += 1
+        self._report(r, EVICTED)
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            return {"used": list(self.used), "capacity": list(self.capacity),
+                    "replicas": {rid: {"model": r.model, "gpus": list(r.gpus), "state": r.state,
+                                       "pins": len(r.pins), "bytes_per_gpu": r.bytes_per_gpu,
+                                       "param_bytes": r.param_bytes, "measured_by": r.measured_by,
+                                       "load_s": r.load_s}
+                                 for rid, r in self.replicas.items() if rid >= 0},
+                    "loads": self.stats.loads, "evictions": self.stats.evictions,
+                    "failures": self.stats.failures, "peak_used": list(self.stats.peak_used)}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- internals -------------------------------------------------------------------
+    def _drop(self, r: Replica) -> None:
+        """Forget a replica and give its bytes back (under the lock)."""
+        if self.replicas.get(r.rid) is r:
+            del self.replicas[r.rid]
+        if r.state in (LOADING, RESIDENT):
+            for g in r.gpus:
+                self.used[g] -= r.bytes_per_gpu
+        r.state = EVICTED if r.state == RESIDENT else r.state
+        r.scorer = None
+
+    def _take(self, r: Replica, per_gpu: int, what: str) -> None:
+        """Reserve ``per_gpu`` bytes on each of the replica's GPUs, or raise (under the lock)."""
+        for g in r.gpus:
+            if self.used[g] + per_gpu > self.capacity[g]:
+                raise ModelError(
+                    f"replica {r.rid} of {r.model} {what} {per_gpu / 1e9:.3f} GB on GPU {g}, which has "
+                    f"{(self.capacity[g] - self.used[g]) / 1e9:.3f} GB free of {self.capacity[g] / 1e9:.3f}: "
+                    f"not loaded (the scheduler's memory figures for {r.model} are below what it takes: "
+                    f"register it with a larger memory_gb)")
+        for g in r.gpus:
+            self.used[g] += per_gpu
+            self.stats.peak_used[g] = max(self.stats.peak_used[g], self.used[g])
+
+    def _load(self, r: Replica, evict: tuple[int, ...]) -> None:
+        try:
+            for e in evict:
+                if e != r.rid:
+                    self.evict(e)
+            entry = self.models(r.model)
+            k = len(r.gpus)
+            with self._cond:
+                if self.replicas.get(r.rid) is not r:
+                    return
+                est = math.ceil(entry.memory_bytes / k)
+                self._take(r, est, "is expected to take")
+                r.bytes_per_gpu = est
+            self._report(r, LOADING)
+            locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
+            for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
+                lk.acquire()
+            try:
+                token = self.probe.before(r.devices)
+                t0 = time.perf_counter()
+                try:
+                    scorer = entry.loader(r.devices)
+                except Exception as e:
+                    raise ModelError(f"the loader of model {r.model!r} failed on GPUs {list(r.gpus)} "
+                                     f"(devices {list(r.devices)}): {type(e).__name__}: {e}") from e
+                if not callable(getattr(scorer, "score", None)):
+                    raise ModelError(f"the loader of model {r.model!r} returned {type(scorer).__name__}, which has "
+                                     f"no score(batch) method")
+                load_s = time.perf_counter() - t0
+                measured = self.probe.after(r.devices, token)
+            finally:
+                for lk in reversed(locks):
+                    lk.release()
+            pb = param_bytes(scorer)
+            if measured:
+                per_gpu, by = max(measured), self.probe.name
+            else:
+                per_gpu, by = math.ceil(pb / k), "params"
+            with self._cond:
+                if self.replicas.get(r.rid) is not r:
+                    return
+                for g in r.gpus:
+                    self.used[g] -= r.bytes_per_gpu
+                r.bytes_per_gpu = 0
+                try:
+                    self._take(r, per_gpu, "took")
+                except ModelError:
+                    scorer = None
+                    raise
+                r.bytes_per_gpu, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
+                r.scorer, r.state = scorer, RESIDENT
+                self.stats.loads += 1
+                self._cond.notify_all()
+            r.ready.set()
+            self._report(r, RESIDENT)
+        except BaseException as e:  # the action that needs it gets this error; nothing is held
+            with self._cond:
+                if r.state == LOADING:
+                    for g in r.gpus:
+                        self.used[g] -= r.bytes_per_gpu
+                r.bytes_per_gpu = 0
+                r.state, r.scorer = FAILED, None
+                r.error = e if isinstance(e, ModelError) else ModelError(
+                    f"loading replica {r.rid} of {r.model!r} failed: {type(e).__name__}: {e}")
+                self.stats.failures += 1
+                self._cond.notify_all()
+            r.ready.set()
+            gc.collect()
+            self.probe.freed(r.devices)
+            logger.warning("tangram: %s", r.error)
+            self._report(r, FAILED, str(r.error))
+
+    def _report(self, r: Replica, state: str, error: str = "") -> None:
+        with self._cond:
+            free = tuple(c - u for c, u in zip(self.capacity, self.used))
+        try:
+            self.report(ResidencyReport(r.rid, r.model, state, r.gpus, r.bytes_per_gpu, r.param_bytes,
+                                        r.measured_by, r.load_s, error, free))
+        except Exception:  # reporting must never break residency
+            logger.exception("tangram: could not report replica %d %s", r.rid, state)

@@ -1,0 +1,141 @@
+"""The scheduler side of reward-model residency: registrations in, measurements to the policy.
+
+``install_residency(plugin, scheduler)`` is called once by
+:meth:`tangram_dask.scheduler.TangramSchedulerPlugin.start`. It installs:
+
+- ``tangram_register_model`` (client -> scheduler): the policy learns the model
+  (``Policy.set_model``) and every connected worker gets the registration;
+- ``tangram_models`` (worker or client -> scheduler): the registrations (with
+  their pickled loaders for a worker that asks), and for a client what is
+  resident where and what was measured;
+- ``tangram_residency`` (a worker's stream): one replica changed state. The
+  first load of a model measures its memory and load time; the policy is told
+  (``Policy.set_model``) so later decisions use what the load really took.
+
+It decides nothing: which replica, where, load or evict stays the policy's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cluster import ModelSpec
+from ..messages import (MODELS_HANDLER, REGISTER_MODEL_HANDLER, RESIDENCY_HANDLER, WORKER_MODEL_HANDLER,
+                        ModelRegistration, ResidencyReport)
+
+logger = logging.getLogger("tangram_dask.models")
+
+
+@dataclass
+class Measured:
+    """What loads of one model really took (the latest resident report)."""
+
+    memory_gb: float  # one replica, all its GPUs together, as the worker accounts it
+    param_bytes: int
+    load_s: float
+    measured_by: str
+    loads: int = 0
+
+
+@dataclass
+class SchedulerResidency:
+    """The scheduler's view of models and their replicas (``plugin.residency``)."""
+
+    plugin: Any
+    scheduler: Any
+    registrations: dict[str, ModelRegistration] = field(default_factory=dict)
+    measured: dict[str, Measured] = field(default_factory=dict)
+    replicas: dict[str, dict[int, ResidencyReport]] = field(default_factory=dict)  # worker -> replica -> last
+    counts: Counter = field(default_factory=Counter)  # loads, evictions, failures, loading
+
+    def install(self) -> None:
+        s = self.scheduler
+        s.handlers[REGISTER_MODEL_HANDLER] = self.handle_register
+        s.handlers[MODELS_HANDLER] = self.handle_models
+        s.stream_handlers[RESIDENCY_HANDLER] = self.handle_report
+
+    # -- registration ----------------------------------------------------------------------
+    async def handle_register(self, registration: dict) -> dict[str, Any]:
+        reg = ModelRegistration.from_msg(registration)
+        self.registrations[reg.name] = reg
+        self.measured.pop(reg.name, None)  # a new loader: measure again
+        self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))
+        msg = {"op": WORKER_MODEL_HANDLER, "registration": reg.to_msg()}
+        replies = await self.scheduler.broadcast(msg=msg, on_error="return_pickle")
+        failed = sorted(str(w) for w, r in replies.items() if not (isinstance(r, dict) and r.get("status") == "OK"))
+        logger.info("tangram: model %s registered (%g GB, load %g s, units %s); %d workers told",
+                    reg.name, reg.memory_gb, reg.load_s, reg.units, len(replies) - len(failed))
+        return {"status": "OK", "workers": len(replies) - len(failed), "not_told": failed}
+
+    def handle_models(self, loaders: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"models": {}}
+        for name, reg in self.registrations.items():
+            m = reg.to_msg()
+            if not loaders:
+                del m["loader"]
+            out["models"][name] = m
+        if not loaders:
+            out["measured"] = {n: vars(m).copy() for n, m in self.measured.items()}
+            live = self.scheduler.workers
+            out["replicas"] = {w: {rid: r.to_msg() for rid, r in reps.items()}
+                               for w, reps in self.replicas.items() if w in live}
+            out["counts"] = dict(self.counts)
+        return out
+
+    # -- reports -----------------------------------------------------------------------------
+    def handle_report(self, worker: str = "", report: dict | None = None, **_: Any) -> None:
+        try:
+            r = ResidencyReport.from_msg(report or {})
+        except Exception:
+            logger.exception("tangram: malformed residency report from %s: %r", worker, report)
+            return
+        reps = self.replicas.setdefault(worker, {})
+        if r.state in ("evicted", "failed"):
+            reps.pop(r.replica, None)
+        else:
+            reps[r.replica] = r
+        self.counts[{"resident": "loads", "evicted": "evictions", "failed": "failures"}.get(r.state, r.state)] += 1
+        if r.state == "failed":
+            logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
+                           r.error)
+        if r.state == "resident":
+            self._measured(r)
+        for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
+            del self.replicas[addr]  # workers gone
+
+    def _measured(self, r: ResidencyReport) -> None:
+        k = max(1, len(r.gpus))
+        gb = r.bytes_per_gpu * k / 1e9
+        scale = getattr(getattr(self.plugin, "options", None), "time_scale", 1.0) or 1.0
+        prev = self.measured.get(r.model)
+        m = Measured(gb, r.param_bytes, r.load_s, r.measured_by, (prev.loads if prev else 0) + 1)
+        self.measured[r.model] = m
+        reg = self.registrations.get(r.model)
+        if prev is None or abs(prev.memory_gb - gb) > 1e-3 * max(gb, 1e-9):
+            logger.info("tangram: %s measured: %.4f GB per replica (%s; %d parameter bytes), load %.2f s%s",
+                        r.model, gb, r.measured_by, r.param_bytes, r.load_s,
+                        f" (declared {reg.memory_gb:g} GB, {reg.load_s:g} s)" if reg else "")
+        self._tell_policy(ModelSpec(r.model, gb, r.load_s / scale))
+
+    def _tell_policy(self, spec: ModelSpec) -> None:
+        pol = self.plugin.policy
+        if pol is None:
+            return
+        old = pol.models.get(spec.name)
+        if old == spec:
+            return
+        pol.set_model(spec)
+        kick = getattr(self.plugin, "_kick", None)
+        if kick is not None:
+            kick()  # a model the queue was waiting for, or room freed: decide again
+
+
+def install_residency(plugin: Any, scheduler: Any) -> SchedulerResidency:
+    """Install the model handlers on ``scheduler`` for ``plugin`` (its ``residency`` attribute)."""
+    st = SchedulerResidency(plugin, scheduler)
+    st.install()
+    plugin.residency = st
+    return st

@@ -1,0 +1,171 @@
+"""The worker side of reward-model residency: carries out what the grants say.
+
+:class:`WorkerResidency` is created by :class:`tangram_dask.workers.TangramWorkerPlugin`
+on every GPU worker. It decides nothing: the policy chose the replica, its
+GPUs, whether to load it and what to evict; here
+
+- a task arriving with a grant pins the granted replica, and if it is not
+  resident starts loading it in the background (after evicting the grant's
+  ``evict`` list, each once no action uses it);
+- the task's end unpins it;
+- :func:`tangram_dask.reward_model` inside the action blocks until it is
+  resident and scores with it;
+- every change of a replica's state goes to the scheduler at once, on the
+  worker's batched stream (``tangram_residency``), not on the heartbeat.
+
+Models come from the scheduler: it pushes each registration to every worker
+(``tangram_worker_model``) and a worker that joins later fetches them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from distributed.protocol.pickle import loads
+
+from ..errors import ModelError
+from ..messages import (MODELS_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER, WORKER_MODEL_HANDLER,
+                        ModelRegistration, ResidencyReport, WorkerDeclaration)
+from .residency import CudaProbe, MemoryProbe, ModelEntry, Residency
+
+logger = logging.getLogger("tangram_dask.models")
+
+_ARRIVED = frozenset({"waiting", "ready", "constrained", "executing"})
+_ENDED = frozenset({"memory", "error", "released", "forgotten"})
+
+
+def cuda_ordinals_ok(facts: Any) -> tuple[bool, str]:
+    """Initialise CUDA in this process and check its device numbering against NVML's UUIDs."""
+    try:
+        import torch
+    except ImportError as e:
+        return False, f"torch is not importable ({e})"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device"
+    torch.cuda.init()
+    n = torch.cuda.device_count()
+    for pol, k in enumerate(facts.cuda_ordinals):
+        if k >= n:
+            return False, f"CUDA ordinal {k} of GPU {pol} is past the {n} devices torch sees"
+        uuid = str(getattr(torch.cuda.get_device_properties(k), "uuid", "") or "")
+        want = facts.declaration.device_uuids[pol]
+        if uuid and want.startswith("GPU-") and want[4:] != uuid:
+            return False, f"torch's cuda:{k} is GPU-{uuid}, NVML's GPU {pol} is {want}"
+    return True, ""
+
+
+class WorkerResidency:
+    """Residency on one Dask worker (see the module docstring)."""
+
+    def __init__(self, worker: Any, declaration: WorkerDeclaration, facts: Any = None):
+        self.worker = worker
+        self.declaration = declaration
+        self.facts = facts
+        self.registrations: dict[str, ModelRegistration] = {}
+        self._loaders: dict[str, Any] = {}
+        self.cuda = False
+        self.cuda_why = "the GPUs are abstract (declared by config, not found through NVML)"
+        cap = int(declaration.gpu_memory_gb * 1e9)
+        self.residency = Residency([cap] * declaration.gpus, self._entry, self._devices, report=self._report)
+
+    async def start(self) -> None:
+        w = self.worker
+        w.handlers[WORKER_MODEL_HANDLER] = self._handle_model
+        w.handlers[WORKER_EVICT_HANDLER] = self._handle_evict
+        if self.facts is not None:  # real GPUs: initialise CUDA now, with the worker's own device list
+            loop = asyncio.get_running_loop()
+            self.cuda, self.cuda_why = await loop.run_in_executor(None, cuda_ordinals_ok, self.facts)
+            if self.cuda:
+                self.residency.probe = CudaProbe()
+            else:
+                logger.warning("tangram: NVML found GPUs but models will load on the CPU: %s", self.cuda_why)
+        try:
+            reply = await getattr(w.scheduler, MODELS_HANDLER)(loaders=True)
+            for msg in (reply or {}).get("models", {}).values():
+                self.add(ModelRegistration.from_msg(msg))
+        except Exception:  # no tangram plugin on the scheduler: no models to know
+            logger.warning("tangram: could not fetch the registered models from the scheduler", exc_info=True)
+
+    def close(self) -> None:
+        self.residency.close()
+
+    # -- registrations ------------------------------------------------------------------
+    def add(self, reg: ModelRegistration) -> None:
+        old = self.registrations.get(reg.name)
+        self.registrations[reg.name] = reg
+        if old is None or old.loader != reg.loader:
+            self._loaders.pop(reg.name, None)
+
+    def _handle_model(self, registration: dict) -> dict:
+        self.add(ModelRegistration.from_msg(registration))
+        return {"status": "OK"}
+
+    async def _handle_evict(self, replica: int, timeout: float = 60.0) -> dict:
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(None, self.residency.evict, int(replica), timeout)
+        except ModelError as e:
+            return {"status": "busy", "error": str(e)}
+        return {"status": "OK" if done else "absent"}
+
+    def _entry(self, name: str) -> ModelEntry:
+        reg = self.registrations.get(name)
+        if reg is None:  # registered after this worker's last word from the scheduler: ask
+            fut = asyncio.run_coroutine_threadsafe(self._fetch(), self.worker.loop.asyncio_loop)
+            fut.result(30)
+            reg = self.registrations.get(name)
+        if reg is None:
+            raise ModelError(f"model {name!r} is not registered (registered: {sorted(self.registrations)}): call "
+                             f"tangram_dask.register_model(client, {name!r}, loader, memory_gb=...) first")
+        loader = self._loaders.get(name)
+        if loader is None:
+            try:
+                loader = self._loaders[name] = loads(reg.loader)
+            except Exception as e:
+                raise ModelError(f"the loader of model {name!r} cannot be unpickled on this worker: "
+                                 f"{type(e).__name__}: {e} (is its module importable here?)") from e
+        return ModelEntry(name, loader, int(reg.memory_gb * 1e9))
+
+    async def _fetch(self) -> None:
+        reply = await getattr(self.worker.scheduler, MODELS_HANDLER)(loaders=True)
+        for msg in (reply or {}).get("models", {}).values():
+            self.add(ModelRegistration.from_msg(msg))
+
+    def _devices(self, gpus: tuple[int, ...]) -> tuple[str, ...]:
+        if self.cuda:
+            return tuple(f"cuda:{self.facts.cuda_ordinals[g]}" for g in gpus)
+        return tuple("cpu" for _ in gpus)
+
+    # -- the worker's stream --------------------------------------------------------------
+    def _report(self, report: ResidencyReport) -> None:
+        msg = {"op": RESIDENCY_HANDLER, "report": report.to_msg()}
+        self.worker.loop.add_callback(self.worker.batched_send, msg)
+
+    # -- task transitions (the worker plugin's hook, on the event loop) ------------------
+    def transition(self, key: Any, start: str, finish: str) -> None:
+        if finish in _ENDED:
+            self.residency.unpin(key)
+            return
+        if finish not in _ARRIVED or key in self.residency.pins:
+            return
+        ts = self.worker.state.tasks.get(key)
+        ann = (ts.annotations or {}).get("tangram") if ts is not None else None
+        if not isinstance(ann, dict):
+            return
+        grant = ann.get("grant")
+        if not isinstance(grant, dict) or grant.get("replica") is None or not ann.get("model"):
+            return
+        self.residency.prepare(key, int(grant["replica"]), str(ann["model"]), tuple(grant.get("gpus", ())),
+                               tuple(grant.get("evict", ())))
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.residency.snapshot()
+        snap["cuda"] = self.cuda
+        snap["cuda_why"] = "" if self.cuda else self.cuda_why
+        snap["probe"] = self.residency.probe.name
+        return snap
+
+
+__all__ = ["WorkerResidency", "MemoryProbe"]
