@@ -9,7 +9,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .errors import FileFormatError, ModelError, PlacementError, SandboxError, SpecError, TangramError
+from .errors import (ConfigError, FileFormatError, ModelError, PlacementError, PluginMissingError, SandboxError,
+                     SpecError, TangramError)
 from .spec import ActionSpec, make_spec
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "action": "annotate",
     "submit_action": "annotate",
+    "check_plugin": "annotate",
     "ANNOTATION": "annotate",
     "current_allocation": "allocation",
     "Allocation": "allocation",
@@ -37,7 +39,8 @@ _LAZY = {
 
 __all__ = [
     "ActionSpec", "make_spec",
-    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError", "ModelError",
+    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError", "ConfigError",
+    "PluginMissingError", "ModelError",
     *_LAZY,
 ]
 

@@ -6,7 +6,9 @@
 
 or, shorter, ``tangram_dask.submit_action(client, run_tests, repo, kind=..., ...)``.
 The spec is validated here, at the call, so a wrong spec never reaches the
-scheduler.
+scheduler. Once per client and scheduler, the call also checks that the
+scheduler runs the tangram plugin (:func:`check_plugin`): without it, Dask
+would run the actions as plain tasks, with no placement and no grant.
 """
 
 from __future__ import annotations
@@ -16,10 +18,82 @@ from typing import Any, Callable, Iterator
 
 import dask
 
+from .errors import PluginMissingError
+from .messages import SNAPSHOT_HANDLER
 from .spec import ActionSpec, check_keywords, make_spec
 
 #: The Dask annotation key under which an action's spec travels.
 ANNOTATION = "tangram"
+
+#: Scheduler addresses known to run the tangram plugin (only a positive answer is kept).
+_HAS_PLUGIN: set[str] = set()
+
+
+def _missing(address: str) -> PluginMissingError:
+    return PluginMissingError(
+        f"the Dask scheduler at {address} does not run the tangram scheduler plugin, so actions would run as "
+        f"plain tasks (no placement, no grant). Start the scheduler with `dask scheduler --preload "
+        f"scheduler_plugin`, or install the plugin from the client with "
+        f"`client.register_plugin(tangram_dask.TangramSchedulerPlugin())` (a LocalCluster: "
+        f"scheduler_kwargs={{'plugins': [TangramSchedulerPlugin()]}}). If the preload is configured, the "
+        f"scheduler's log says why it did not start ('Failed to start preload').")
+
+
+async def _scheduler_has_plugin(client: Any) -> bool:
+    # A scheduler without the handler answers None (and logs "No handler tangram_snapshot found");
+    # with the plugin the answer is its snapshot, a dict. A handler that raised still proves the plugin.
+    try:
+        reply = await getattr(client.scheduler, SNAPSHOT_HANDLER)()
+    except (OSError, TimeoutError):
+        raise
+    except Exception:
+        return True
+    return isinstance(reply, dict)
+
+
+def check_plugin(client: Any) -> Any:
+    """Raise :class:`~tangram_dask.errors.PluginMissingError` unless ``client``'s scheduler runs the plugin.
+
+    Asks the scheduler once; a positive answer is remembered per scheduler
+    address, a negative one is asked again next time (the plugin may be
+    registered later). On an asynchronous client, returns a coroutine to await.
+    """
+    address = client.scheduler.address
+    if address in _HAS_PLUGIN:
+        return None
+    if getattr(client, "asynchronous", False):
+        return _check_async(client, address)
+    if not client.sync(_scheduler_has_plugin, client):
+        raise _missing(address)
+    _HAS_PLUGIN.add(address)
+    return None
+
+
+async def _check_async(client: Any, address: str) -> None:
+    if not await _scheduler_has_plugin(client):
+        raise _missing(address)
+    _HAS_PLUGIN.add(address)
+
+
+def _check_sync_client(client: Any) -> None:
+    """check_plugin for a real, synchronous distributed Client; anything else is not checked here."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed comes with dask[distributed]
+        return
+    if not isinstance(client, Client) or client.asynchronous or client.status != "running":
+        return
+    if client.scheduler.address not in _HAS_PLUGIN:
+        check_plugin(client)
+
+
+def _default_client() -> Any:
+    try:
+        from distributed.client import default_client
+
+        return default_client()
+    except (ImportError, ValueError):  # no client yet: the graph is built before one exists
+        return None
 
 
 @contextmanager
@@ -29,10 +103,15 @@ def action(kind: str, resource: str = "cpu", units: int | tuple[int, int] = 1, *
     Fields: ``speedup`` (Amdahl parallel fraction), ``hint_s``, ``trajectory``,
     ``model`` (gpu), ``affinity`` ('trajectory'), ``restore_s``, ``timeout_s``.
     Raises :class:`tangram_dask.SpecError` at once for a wrong spec, an
-    unknown field, or ``grant`` (reserved: the scheduler writes it).
+    unknown field, or ``grant`` (reserved: the scheduler writes it), and
+    :class:`tangram_dask.PluginMissingError` when the default client's
+    scheduler does not run the tangram plugin.
     """
     check_keywords(fields)
     spec = make_spec(kind, resource, units, **fields)
+    client = _default_client()
+    if client is not None:
+        _check_sync_client(client)
     with dask.annotate(**{ANNOTATION: spec.to_dict()}):
         yield spec
 
@@ -43,8 +122,10 @@ def submit_action(client: Any, fn: Callable[..., Any], *args: Any, kind: str, re
     """``client.submit(fn, *args, **kwargs)`` as an action; spec fields in ``spec_fields``.
 
     Dask's own submit keywords (``key``, ``pure``, ``retries``...) pass through in ``kwargs``.
+    Raises :class:`tangram_dask.PluginMissingError` when ``client``'s scheduler does not run the plugin.
     """
     fields = {} if spec_fields is None else spec_fields
     check_keywords(fields)
+    _check_sync_client(client)
     with action(kind, resource, units, **fields):
         return client.submit(fn, *args, **kwargs)
