@@ -298,8 +298,8 @@ class Residency:
         for g in r.gpus:
             if self.used[g] + per_gpu > self.capacity[g]:
                 raise ModelError(
-                    f"replica {r.rid} of {r.model} {what} {per_gpu / 1e9:.3f} GB on GPU {g}, which has "
-                    f"{(self.capacity[g] - self.used[g]) / 1e9:.3f} GB free of {self.capacity[g] / 1e9:.3f}: "
+                    f"replica {r.rid} of {r.model} {what} {per_gpu / 1e9:.6g} GB on GPU {g}, which has "
+                    f"{(self.capacity[g] - self.used[g]) / 1e9:.6g} GB free of {self.capacity[g] / 1e9:.6g}: "
                     f"not loaded (the scheduler's memory figures for {r.model} are below what it takes: "
                     f"register it with a larger memory_gb)")
         for g in r.gpus:

@@ -1,0 +1,248 @@
+"""The worker's residency ledger on its own (no Dask): real numpy weights files, real loader threads.
+
+Each model here is a weights file written to a temporary directory and loaded
+from disk by the built-in numpy loader; GPUs are abstract (capacities in
+bytes), as on a CPU-only worker, so memory is accounted from parameter bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tangram_dask.errors import ModelError
+from tangram_dask.models import ModelEntry, Residency, rm_small
+from tangram_dask.models.builtin import NumpyLoader
+
+DIM = 32
+
+
+def weights(tmp, name: str, rows: int) -> tuple[str, int]:
+    """A weights file of ``rows`` x 32 float32 (+ a 32 bias): returns (path, its parameter bytes)."""
+    path = tmp / f"{name}.npz"
+    rng = np.random.default_rng(rows)
+    np.savez(path, embed=rng.standard_normal((rows, DIM)).astype(np.float32), bias=np.zeros(DIM, np.float32))
+    return str(path), (rows + 1) * DIM * 4
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("weights")
+    return {m: weights(tmp, m, rows) for m, rows in (("small", 1000), ("mid", 2000), ("big", 3000))}
+
+
+def ledger(files, capacity, *, declared=None, reports=None, loaders=None):
+    entries = {m: ModelEntry(m, (loaders or {}).get(m, NumpyLoader(p)), (declared or {}).get(m, b))
+               for m, (p, b) in files.items()}
+
+    def entry(name):
+        if name not in entries:
+            raise ModelError(f"model {name!r} is not registered")
+        return entries[name]
+
+    return Residency(capacity, entry, lambda gpus: tuple("cpu" for _ in gpus),
+                     report=(reports.append if reports is not None else (lambda r: None)))
+
+
+def test_load_accounts_parameter_bytes_and_reports_each_state(files):
+    reports = []
+    res = ledger(files, [1_000_000, 1_000_000], reports=reports)
+    res.prepare("k1", 0, "mid", (1,))
+    scorer = res.get("k1", timeout=10)
+    _, mid_bytes = files["mid"]
+    assert scorer.param_bytes == mid_bytes == scorer.embed.nbytes + scorer.bias.nbytes
+    r = res.replicas[0]
+    assert (r.state, r.bytes_per_gpu, r.param_bytes, r.measured_by) == ("resident", mid_bytes, mid_bytes, "params")
+    assert res.used == [0, mid_bytes]
+    assert [(x.state, x.replica) for x in reports] == [("loading", 0), ("resident", 0)]
+    assert reports[-1].free_bytes == (1_000_000, 1_000_000 - mid_bytes)
+    res.unpin("k1")
+    assert res.evict(0) and res.used == [0, 0] and reports[-1].state == "evicted"
+    res.close()
+
+
+def test_a_replica_split_over_two_gpus_holds_half_on_each(files):
+    res = ledger(files, [400_000, 400_000])
+    res.prepare("k", 3, "big", (0, 1))
+    res.get("k", timeout=10)
+    _, big = files["big"]
+    assert res.used == [big // 2, big // 2]
+    res.close()
+
+
+def test_never_evicts_a_pinned_replica_until_its_action_ends(files):
+    res = ledger(files, [800_000])
+    res.prepare("serving", 0, "mid", (0,))
+    scorer = res.get("serving", timeout=10)
+    # a new replica that needs room: its grant evicts replica 0, which still serves "serving"
+    res.prepare("next", 1, "big", (0,), evict=(0,))
+    time.sleep(0.3)
+    assert res.replicas[0].state == "resident" and res.replicas[1].state == "loading"
+    assert scorer.score([("a b", "a b")])[0] == pytest.approx(1.0, abs=1e-5)  # still usable
+    res.unpin("serving")
+    res.get("next", timeout=10)
+    assert 0 not in res.replicas and res.replicas[1].state == "resident"
+    res.close()
+
+
+def test_evict_request_on_a_busy_replica_times_out_clearly(files):
+    res = ledger(files, [800_000])
+    res.prepare("k", 0, "small", (0,))
+    res.get("k", timeout=10)
+    with pytest.raises(ModelError, match="still serving an action"):
+        res.evict(0, timeout=0.2)
+    res.unpin("k")
+    assert res.evict(0, timeout=0.2)
+    res.close()
+
+
+def test_a_load_that_would_overcommit_fails_and_holds_nothing(files):
+    res = ledger(files, [500_000])
+    res.prepare("a", 0, "big", (0,))  # 384 KB
+    res.get("a", timeout=10)
+    res.prepare("b", 1, "mid", (0,))  # 256 KB more: does not fit, and no eviction was asked for
+    with pytest.raises(ModelError, match="GB free of"):
+        res.get("b", timeout=10)
+    assert res.used == [files["big"][1]] and res.stats.failures == 1
+    res.close()
+
+
+def test_a_model_declared_too_small_is_refused_once_measured(files):
+    res = ledger(files, [300_000, 300_000], declared={"big": 100_000})  # declared 100 KB, takes 384 KB
+    res.prepare("a", 0, "big", (0,))
+    with pytest.raises(ModelError, match="took 0.000384128 GB on GPU 0.*register it with a larger memory_gb"):
+        res.get("a", timeout=10)
+    assert res.used == [0, 0]
+    res.close()
+
+
+def test_a_bad_loader_errs_its_action_and_the_next_one_tries_again(files):
+    calls = []
+
+    def broken(devices):
+        calls.append(devices)
+        raise ValueError("weights file is corrupt")
+
+    res = ledger(files, [1_000_000, 1_000_000], loaders={"mid": broken})
+    res.prepare("bad-1", 0, "mid", (0,))
+    res.prepare("good", 1, "small", (1,))
+    with pytest.raises(ModelError, match="the loader of model 'mid' failed on GPUs \\[0\\].*ValueError: weights "
+                                         "file is corrupt"):
+        res.get("bad-1", timeout=10)
+    assert res.get("good", timeout=10).score([("x", "x")])  # the other model serves
+    res.unpin("bad-1")
+    res.prepare("bad-2", 0, "mid", (0,))
+    with pytest.raises(ModelError, match="corrupt"):
+        res.get("bad-2", timeout=10)
+    assert len(calls) == 2 and res.used == [0, files["small"][1]]
+    res.close()
+
+
+def test_unknown_model_and_action_without_replica_are_clear_errors(files):
+    res = ledger(files, [1_000_000])
+    res.prepare("k", 0, "nope", (0,))
+    with pytest.raises(ModelError, match="'nope' is not registered"):
+        res.get("k", timeout=10)
+    with pytest.raises(ModelError, match="holds no model replica"):
+        res.get("other")
+    res.prepare("k2", 1, "small", (5,))
+    with pytest.raises(ModelError, match="this worker has GPUs 0..0"):
+        res.get("k2")
+    res.close()
+
+
+def test_loads_run_in_the_background_while_other_replicas_serve(files):
+    gate = threading.Event()
+    inner = NumpyLoader(files["mid"][0])
+
+    def slow(devices):
+        gate.wait(10)
+        return inner(devices)
+
+    res = ledger(files, [1_000_000, 1_000_000], loaders={"mid": slow})
+    res.prepare("a", 0, "small", (0,))
+    res.get("a", timeout=10)
+    res.unpin("a")
+    res.prepare("slow", 1, "mid", (1,))   # blocks in its loader
+    res.prepare("b", 0, "small", (0,))    # replica 0 serves meanwhile
+    t0 = time.perf_counter()
+    assert res.get("b", timeout=5).score([("x y", "x y")])[0] == pytest.approx(1.0, abs=1e-5)
+    assert time.perf_counter() - t0 < 1.0 and res.replicas[1].state == "loading"
+    gate.set()
+    res.get("slow", timeout=10)
+    res.close()
+
+
+def test_the_builtin_model_scores_against_a_reference():
+    m = rm_small()(("cpu",))
+    same, close, far = m.score([("the answer is 42", "the answer is 42"), ("the answer is 42", "answer: 42"),
+                                ("the answer is 42", "paris is the capital of france")])
+    assert same == pytest.approx(1.0, abs=1e-5) and close > far
+    with pytest.raises(ModelError, match="must be \\(response, reference\\)"):
+        m.score(["just text"])
+
+
+# -- property: random load / evict / serve sequences never over-commit a GPU or evict a pinned replica -------
+ops = st.lists(st.one_of(
+    st.tuples(st.just("start"), st.sampled_from(["small", "mid", "big"]), st.integers(0, 1),
+              st.lists(st.integers(0, 11), max_size=2)),
+    st.tuples(st.just("end"), st.integers(0, 11)),
+    st.tuples(st.just("evict"), st.integers(0, 11)),
+), min_size=1, max_size=14)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq=ops)
+def test_random_sequences_never_overcommit_or_evict_under_an_action(files, seq):
+    cap = [700_000, 700_000]
+    seen_evicted: list[int] = []
+    res = None
+
+    def report(r):
+        if r.state == "evicted":
+            # evicted only when no action pins it (the pin table is the truth on this worker)
+            assert r.replica not in res.pins.values(), f"replica {r.replica} evicted while pinned"
+            seen_evicted.append(r.replica)
+
+    res = ledger(files, cap, reports=None)
+    res.report = report
+    rid = 0
+    live: list[tuple[str, int]] = []  # (key, replica) of actions in flight
+    try:
+        for op in seq:
+            if op[0] == "start":
+                _, model, gpu, ev = op
+                evict = tuple(r for r in ev if r < rid)
+                key = f"k{rid}"
+                res.prepare(key, rid, model, (gpu,), evict)
+                live.append((key, rid))
+                rid += 1
+            elif op[0] == "end" and live:
+                key, _ = live.pop(op[1] % len(live))
+                res.unpin(key)
+            elif op[0] == "evict" and rid:
+                try:
+                    res.evict(op[1] % rid, timeout=0.05)
+                except ModelError:
+                    pass  # pinned: refused, as it must be
+            assert all(u <= c for u, c in zip(res.used, cap))
+        for key, _ in live:
+            res.unpin(key)
+        deadline = time.monotonic() + 10
+        while any(r.state == "loading" for r in res.replicas.values()):
+            assert time.monotonic() < deadline, "a load never finished"
+            time.sleep(0.01)
+        assert all(u <= c for u, c in zip(res.stats.peak_used, cap)), (res.stats.peak_used, cap)
+        held = [0, 0]
+        for r in res.replicas.values():
+            if r.state == "resident":
+                for g in r.gpus:
+                    held[g] += r.bytes_per_gpu
+        assert held == res.used  # the ledger is exactly what is resident
+    finally:
+        res.close()
