@@ -50,6 +50,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 from .cluster import ModelSpec
 from .policy.types import NodeStats, PoolStats, Shortfall
 
@@ -397,11 +399,28 @@ async def _receive_trajectory(trajectory: str, source: str, dask_worker: Any = N
     pool = getattr(plugin, "pool", None)
     if pool is None:
         raise RuntimeError(f"worker {dask_worker.address} has no sandbox pool to receive {trajectory}")
+    from .sandbox import api
+
     data = await getattr(dask_worker.rpc(source), TAKE_HANDLER)(trajectory=trajectory)
     if not data:
         return 0
     await asyncio.to_thread(pool.restore_trajectory, trajectory, data)
+    drop = getattr(api, "DROP_HANDLER", None)  # the source keeps its copy until the restore is confirmed
+    if drop is not None:
+        try:
+            await getattr(dask_worker.rpc(source), drop)(trajectory=trajectory)
+        except Exception as e:  # restored here all the same; the source's copy goes with the worker or its TTL
+            logger.warning("tangram: %s could not drop its copy of trajectory %s (%s: %s)", source, trajectory,
+                           type(e).__name__, e)
     return len(data)
+
+
+def _plain(value: Any) -> Any:
+    """A worker's ``run`` reply carries its result serialized."""
+    from distributed.protocol import Serialized, deserialize
+    if isinstance(value, Serialized):
+        return deserialize(value.header, value.frames)
+    return value
 
 
 @dataclass
@@ -414,7 +433,7 @@ class DrainStats:
     log: list = field(default_factory=list)
 
 
-class AdaptiveExtension:
+class AdaptiveExtension(SchedulerPlugin):
     """The scheduler side of the elastic pool (a scheduler plugin named ``tangram-adaptive``)."""
 
     name = EXTENSION_NAME
@@ -531,7 +550,13 @@ class AdaptiveExtension:
                     stuck.append(src)
                     continue
                 r = res.get(dst, {})
-                moved = r.get("result", 0) if isinstance(r, dict) else 0
+                if not isinstance(r, dict) or r.get("status") != "OK":
+                    self.stats.failed += 1
+                    logger.warning("tangram: could not move trajectory %s from %s to %s (%s); %s stays",
+                                   t, src, dst, r.get("exception") if isinstance(r, dict) else r, src)
+                    stuck.append(src)
+                    continue
+                moved = _plain(r.get("result", 0))
                 if pol.homes_on(src).count(t):  # still homed there: nothing ran for it meanwhile
                     pol.rehome(t, dst)
                 self.stats.moved += 1
@@ -596,6 +621,22 @@ class AdaptiveExtension:
             self.plugin.add_worker(self.scheduler, addr)
 
 
+def _extension_class() -> type:
+    """:class:`AdaptiveExtension` as a ``SchedulerPlugin`` (built here: the module level imports no Dask)."""
+    global _Extension
+    if _Extension is None:
+        from distributed.diagnostics.plugin import SchedulerPlugin
+
+        class TangramAdaptivePlugin(AdaptiveExtension, SchedulerPlugin):
+            pass
+
+        _Extension = TangramAdaptivePlugin
+    return _Extension
+
+
+_Extension: type | None = None
+
+
 def _targets_handler_class() -> type:
     from distributed.http.utils import RequestHandler
     import json
@@ -622,7 +663,7 @@ def install(plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = No
     ext = scheduler.plugins.get(EXTENSION_NAME)
     if isinstance(ext, AdaptiveExtension) and ext.plugin is plugin:
         return ext
-    ext = AdaptiveExtension(plugin, scheduler, kinds)
+    ext = _extension_class()(plugin, scheduler, kinds)
     scheduler.add_plugin(ext, name=EXTENSION_NAME)
     scheduler.adaptive_target = ext.adaptive_target  # what /api/v1/adaptive_target calls
     scheduler.handlers["adaptive_target"] = ext.adaptive_target

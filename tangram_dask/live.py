@@ -28,6 +28,7 @@ from distributed import Client, LocalCluster, Nanny, wait
 
 from .annotate import ANNOTATION
 from .cluster import ClusterSpec
+from .costs import CostModel
 from .metrics import summarize
 from .policy import TangramOptions, initial_replicas
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin
@@ -38,12 +39,11 @@ API_WORKER = "api"
 
 
 def charge(spec: ActionSpec, grant: dict[str, Any], duration_s: float, cross_group_slowdown: float) -> tuple[float, float]:
-    """``(setup, run)`` in workload seconds for an action of true ``duration_s`` on ``grant``,
-    as the simulator charges a Start (the plugin already put the setup in ``grant["setup_s"]``)."""
-    units = int(grant["units"])
-    run = duration_s * spec.scale(min(units, spec.units_max))
-    if spec.resource == "gpu" and grant.get("cross_group"):
-        run *= cross_group_slowdown
+    """``(setup, run)`` in workload seconds for an action of true ``duration_s`` on ``grant``: the
+    simulator's cost model (the plugin already put the setup it predicts, by that model, in
+    ``grant["setup_s"]``)."""
+    run = CostModel(cross_group_slowdown=cross_group_slowdown).run_s(spec, int(grant["units"]), duration_s,
+                                                                      bool(grant.get("cross_group")))
     return float(grant.get("setup_s", 0.0)), run
 
 
@@ -79,7 +79,9 @@ def worker_specs(cluster: ClusterSpec) -> dict[str, dict[str, Any]]:
 
 
 def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scale: float,
-                pipeline: int = 0, options: TangramOptions | None = None) -> TangramSchedulerPlugin:
+                pipeline: int | None = None, options: TangramOptions | None = None) -> TangramSchedulerPlugin:
+    """The plugin with the workload's models and the cluster's costs; every other option is the shipped
+    default (``pipeline=None``: the plugin's dispatch-ahead as shipped)."""
     reps: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for r in initial_replicas(cluster, spec):
         reps.setdefault(r.node, []).append((r.model, tuple(r.gpus)))
@@ -90,7 +92,7 @@ def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scal
                                   cross_group_slowdown=cluster.cross_group_slowdown, tangram=options)
 
 
-async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale: float, pipeline: int,
+async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale: float, pipeline: int | None,
                    progress: Callable[[str, int, int], None] | None, low_latency: bool,
                    options: TangramOptions | None = None) -> dict[str, Any]:
     spec = gen.spec
@@ -187,12 +189,11 @@ async def _low_latency(scheduler: Any, client: Client, seconds: float = 0.001) -
 
 
 def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float]]:
-    """Each action alone on units.max with a warm sandbox; each step's longest trajectory (as sim.py)."""
-    kinds = gen.spec.kinds
-    f = [k.spec(None, "t").scale(k.units_max) for k in kinds]
-    warm = cluster.warm_start_s
-    ideal = np.array([d * f[k] + (warm if kinds[k].resource == "cpu" else 0.0)
-                      for d, k in zip(gen.duration.tolist(), gen.kind.tolist())])
+    """Each action alone on units.max with a warm sandbox (the cost model's ideal); each step's longest
+    trajectory (as sim.py)."""
+    costs = CostModel.of(cluster, gen.spec.models)
+    protos = [k.spec(None, "t") for k in gen.spec.kinds]
+    ideal = np.array([costs.ideal_s(protos[k], d) for d, k in zip(gen.duration.tolist(), gen.kind.tolist())])
     per_step = gen.spec.trajectories
     first = gen.first.tolist()
     steps = []
@@ -206,13 +207,13 @@ def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float
 
 
 def run_live(workload_spec: WorkloadSpec, cluster_spec: ClusterSpec, policies: tuple[str, ...] = ("tangram", "fifo"),
-             time_scale: float = 0.05, *, pipeline: int = 0, low_latency: bool = True,
+             time_scale: float = 0.05, *, pipeline: int | None = None, low_latency: bool = True,
              progress: Callable[[str, int, int], None] | None = None,
              options: TangramOptions | None = None) -> list[dict[str, Any]]:
     """Replay ``generate(workload_spec)`` live for each policy; the metrics of ``bench.simulate``, rescaled.
 
     ``low_latency`` shortens Dask's message batching to 1 ms for the run (see :func:`_low_latency`);
-    ``pipeline`` is the plugin's CPU dispatch-ahead (0: the policy's ledger is the simulator's);
+    ``pipeline`` is the plugin's CPU dispatch-ahead (None: as shipped; it pipelines, never changes sizing);
     ``options`` are the tangram policy's knobs, as in the simulator.
     """
     if not time_scale > 0:

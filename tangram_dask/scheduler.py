@@ -48,16 +48,18 @@ from distributed.protocol.pickle import dumps
 
 from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
+from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .errors import PlacementError, SpecError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant,
                        WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
-from .policy.types import ReplicaSpec, Start
+from .policy.types import Reject, ReplicaSpec, Start
 from .spec import ActionSpec
 from .models.scheduler import install_residency
 from .adaptive import install as install_adaptive
+from .dashboard import install_dashboard, uninstall_dashboard
 from .workers import PLUGIN_NAME, TangramWorkerPlugin
 
 logger = logging.getLogger("tangram_dask.scheduler")
@@ -88,6 +90,7 @@ class PluginStats:
     failed: int = 0
     flushes: int = 0
     flush_s: float = 0.0
+    policy_errors: int = 0
 
 
 def parse_annotation(ann: Any) -> ActionSpec:
@@ -95,6 +98,22 @@ def parse_annotation(ann: Any) -> ActionSpec:
     if isinstance(ann, Mapping) and "grant" in ann:
         ann = {k: v for k, v in ann.items() if k != "grant"}
     return ActionSpec.from_dict(ann)
+
+
+class _LoadTimes(Mapping):
+    """The policy's models' load times, read live (models may be registered or measured at run time)."""
+
+    def __init__(self, models: Mapping[str, ModelSpec]):
+        self.models = models
+
+    def __getitem__(self, name: str) -> float:
+        return self.models[name].load_s
+
+    def __iter__(self):
+        return iter(self.models)
+
+    def __len__(self) -> int:
+        return len(self.models)
 
 
 class TangramSchedulerPlugin(SchedulerPlugin):
@@ -126,6 +145,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._admissions: dict[str, asyncio.Event] = {}  # trajectories waiting to be admitted
         self._admitted: set[str] = set()
         self._t0 = 0.0
+        self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
+        self.costs = CostModel()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
 
@@ -141,15 +162,18 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
                               warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
         ttl = o.trajectory_ttl_s or None
+        kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity}
         if o.policy == "tangram":
-            return TangramPolicy(cluster, dict(o.models), (), options=o.tangram, trajectory_ttl_s=ttl)
-        return FifoPolicy(cluster, dict(o.models), (), trajectory_ttl_s=ttl)
+            return TangramPolicy(cluster, dict(o.models), (), options=o.tangram, **kw)
+        return FifoPolicy(cluster, dict(o.models), (), **kw)
 
     async def start(self, scheduler: Any) -> None:
         if self.scheduler is scheduler:
             return
         self.scheduler = scheduler
         self.policy = self.build_policy()
+        c = self.policy.cluster
+        self.costs = CostModel(c.warm_start_s, c.cold_start_s, c.cross_group_slowdown, _LoadTimes(self.policy.models))
         self._t0 = monotonic()
         scheduler.handlers[DECLARE_HANDLER] = self._handle_declare
         scheduler.handlers[BEGIN_TRAJECTORY_HANDLER] = self._handle_begin_trajectory
@@ -157,6 +181,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
         install_residency(self, scheduler)  # reward models: registrations, residency reports (tangram_dask.models)
         install_adaptive(self, scheduler)  # elastic pool: adaptive_target per kind, safe retirement (tangram_dask.adaptive)
+        install_dashboard(self, scheduler)  # Tangram page, /tangram/state.json, /metrics, events (tangram_dask.dashboard)
         for addr in list(scheduler.workers):  # workers already there when the plugin arrived
             self.add_worker(scheduler, addr)
         await scheduler.register_worker_plugin(None, dumps(TangramWorkerPlugin()), name=PLUGIN_NAME,
@@ -164,6 +189,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         logger.info("tangram: scheduler plugin started (policy %s, %d API tokens, models %s, time scale %g, "
                     "pipeline %d)", self.options.policy, self.options.api_tokens, sorted(self.options.models),
                     self.options.time_scale, self.options.pipeline)
+
+    async def close(self) -> None:
+        uninstall_dashboard(self.scheduler)
 
     def now(self) -> float:
         """Policy time: seconds since start, divided by ``time_scale``."""
@@ -265,25 +293,49 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: "
                                                   f"{type(e).__name__}: {e}")
             else:
-                actions[key] = Action(spec, error=self._unplaceable(spec))
+                actions[key] = Action(spec)
             ts.worker_restrictions = {PARK}
             ts.loose_restrictions = False
 
-    def _unplaceable(self, spec: ActionSpec) -> str | None:
-        if spec.resource == "gpu" and spec.model not in self.options.models:
-            return (f"action kind {spec.kind!r} needs model {spec.model!r}, which the tangram scheduler plugin "
-                    f"does not know (known: {sorted(self.options.models)}): pass models= to "
-                    f"TangramSchedulerPlugin or set tangram.scheduler.models")
-        if spec.resource == "api" and self.options.api_tokens < spec.units_min:
-            return (f"action kind {spec.kind!r} needs {spec.units_min} API tokens but the scheduler holds "
-                    f"{self.options.api_tokens}: pass api_tokens= or set tangram.scheduler.api-tokens")
-        return None
+    def _record_again(self, key: Hashable) -> Action | None:
+        """An action that ran before must run again (its result was lost): its record, from its annotation.
+
+        Records are dropped once an action leaves processing (no memory per
+        finished action); the annotation is what Dask keeps.
+        """
+        ts = self.scheduler.tasks.get(key)
+        ann = (ts.annotations or {}).get(ANNOTATION) if ts is not None else None
+        if ann is None:
+            return None
+        try:
+            a = Action(parse_annotation(ann))
+        except Exception as e:
+            a = Action(None, error=f"malformed tangram annotation on task {key!r}: {type(e).__name__}: {e}")
+        ts.worker_restrictions = {PARK}
+        ts.loose_restrictions = False
+        self.actions[key] = a
+        return a
+
+    def _done(self, key: Hashable, ts: Any) -> None:
+        """The action left the plugin's hands: forget its record, its grant and its timer."""
+        self.actions.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        ann = ts.annotations if ts is not None else None
+        tg = ann.get(ANNOTATION) if ann else None
+        if isinstance(tg, dict) and "grant" in tg:  # what Dask keeps per task: the user's annotation only
+            ts.annotations = {**ann, ANNOTATION: {k: v for k, v in tg.items() if k != "grant"}}
 
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
                    **kwargs: Any) -> None:
         a = self.actions.get(key)
         if a is None:
-            return
+            if finish != "no-worker" or self.scheduler is None:
+                return
+            a = self._record_again(key)
+            if a is None:
+                return
         try:
             if finish == "no-worker":
                 if a.state != GRANTED:
@@ -305,6 +357,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                         self.stats.cancelled += 1
                     self._kick()
                 a.state, a.grant = DONE, None
+                self._done(key, ts)
             elif finish == "processing":
                 if a.state != GRANTED:  # only the plugin moves actions to processing
                     logger.error("tangram: action %r reached processing without a grant (%s)", key, stimulus_id)
@@ -316,8 +369,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 self._api_waiting.pop(key, None)
                 if a.state != FAILED:
                     a.state, a.grant = DONE, None
+                self._done(key, self.scheduler.tasks.get(key))
             if finish == "forgotten":
-                del self.actions[key]
+                self.actions.pop(key, None)
                 self._to_fail.pop(key, None)
         except Exception as e:
             logger.exception("tangram: error handling %s -> %s of action %r", start, finish, key)
@@ -365,13 +419,16 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         fails, self._to_fail = self._to_fail, {}
         try:
             decisions = self.policy.schedule(self.now())
-        except Exception as e:
-            logger.exception("tangram: the %s policy failed to schedule; actions stay parked", self.options.policy)
+        except Exception:  # a bug outside any one decision: nothing is failed for it; try again shortly
+            logger.exception("tangram: the %s policy failed to schedule; actions stay parked and it is asked "
+                             "again in 1 s", self.options.policy)
+            self.stats.policy_errors += 1
             decisions = []
-            for key, a in self.actions.items():  # the actions it was asked about cannot be placed
-                if a.state == PENDING:
-                    fails[key] = f"the tangram {self.options.policy} policy failed: {type(e).__name__}: {e}"
+            sched.loop.call_later(1.0, self._kick)
         for d in decisions:
+            if d.__class__ is Reject:
+                fails[d.action] = self._rejection(d)
+                continue
             if d.__class__ is not Start:  # Admit: a trajectory may begin
                 ev = self._admissions.pop(d.trajectory, None)
                 if ev is not None:
@@ -433,12 +490,43 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self.stats.started += 1
         if self.grants is not None:
             self.grants[key] = grant
+        if spec.timeout_s is not None:
+            scale = self.options.time_scale
+            self._timers[key] = self.scheduler.loop.call_later(
+                (spec.timeout_s + grant.setup_s) * scale, self._timed_out, key, grant)
         if res == "api":
             self._api_waiting[key] = None
             self._release_api(key, recs)
         else:
             ts.worker_restrictions = {worker}
             recs[key] = "processing"
+
+    def _timed_out(self, key: Hashable, grant: Grant) -> None:
+        """``timeout_s`` of run time passed (after the grant's setup): the action errs, its units are freed."""
+        self._timers.pop(key, None)
+        a = self.actions.get(key)
+        if a is None or a.grant is not grant or a.state != GRANTED:
+            return
+        self._fail_later(key, f"action {key!r} ({a.spec.kind}) ran past its timeout_s = {a.spec.timeout_s:g} s; "
+                              f"it was stopped by the tangram scheduler and its units were freed (the worker "
+                              f"thread may still be finishing: tangram_dask.run_code sandboxes honour the "
+                              f"timeout themselves)")
+
+    def _rejection(self, d: Reject) -> str:
+        """The error an action the policy will not run gets: the reason, and what to do about it."""
+        sf = d.shortfall
+        msg = f"tangram cannot run action {d.action!r}: {d.reason}"
+        if sf is None or not sf.never:
+            return msg
+        if sf.resource == "cpu":
+            return (msg + f". Start a worker with --resources slots={sf.requested} or more, or set "
+                    f"tangram.scheduler.wait-for-capacity (with adaptive scaling) to let it wait for one")
+        if sf.resource == "api":
+            return msg + ". Raise tangram.scheduler.api-tokens, or lower the action's units"
+        if sf.largest == 0 and "does not know" in sf.reason:
+            return (msg + ". Register the model before submitting its actions: tangram_dask.register_model, "
+                    "models= to TangramSchedulerPlugin, or tangram.scheduler.models")
+        return msg + ". Start a GPU worker that can hold a replica, or set tangram.scheduler.wait-for-capacity"
 
     def _release_api(self, key: Hashable, recs: dict[Hashable, str]) -> None:
         """An API action holds its tokens; it runs on any worker that runs API calls (else any CPU worker)."""
@@ -453,14 +541,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         recs[key] = "processing"
 
     def _setup_s(self, d: Start, spec: ActionSpec) -> float:
-        """What the action pays before its work, as the simulator charges it."""
-        o = self.options
-        if spec.resource == "cpu":
-            s = o.warm_start_s if d.sandbox == "warm" else (o.cold_start_s if d.sandbox == "cold" else 0.0)
-            return s + (spec.restore_s if d.restore else 0.0)
-        if spec.resource == "gpu" and d.load:
-            return o.models[spec.model].load_s
-        return 0.0
+        """What the action pays before its work: the simulator's cost model, on what the policy decided."""
+        return self.costs.setup_s(spec, sandbox=d.sandbox, restore=d.restore, load=d.load)
 
     def _err(self, key: Hashable, message: str, recs: dict[Hashable, str], stimulus_id: str) -> None:
         sched = self.scheduler

@@ -1,0 +1,215 @@
+"""The pure core under bad and oversized input: named cases, events in, decisions out.
+
+Every case drives a policy object directly (no simulator, no Dask): add
+nodes, submit actions, ask ``schedule(now)``, and compare the decisions with
+what the case expects. What is checked, for ``tangram`` and ``fifo`` alike:
+
+- an action no current node can ever hold is rejected at once with a message
+  naming the units asked and the largest node, and blocks nothing;
+- with ``wait_unplaceable`` it waits, listed in the snapshot, until a node
+  that can hold it joins;
+- before any node of its kind has joined, it waits (it may just be early);
+- a node leaving turns queued actions that no longer fit anywhere into
+  rejections;
+- an exception inside one decision rejects that one action and leaves every
+  counter as it was;
+- dispatch-ahead units never change an action's size.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram_dask import make_spec
+from tangram_dask.cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
+from tangram_dask.policy import FifoPolicy, TangramPolicy
+from tangram_dask.policy.types import Reject, Start
+
+POLICIES = {"tangram": TangramPolicy, "fifo": FifoPolicy}
+
+
+def policy(name: str, slots=(2, 2), ahead: int = 0, tokens: int = 0, models=None, **kw):
+    pol = POLICIES[name](ClusterSpec("t", api_tokens=tokens), models or {}, (), **kw)
+    for i, s in enumerate(slots):
+        pol.add_cpu_node(CpuNode(f"n{i}", s), ahead=ahead)
+    return pol
+
+
+def cpu(units, p=0.0, kind="tool", **kw):
+    return make_spec(kind, "cpu", units, speedup=p, hint_s=1.0, **kw)
+
+
+def by_class(decisions):
+    starts = {d.action: d for d in decisions if isinstance(d, Start)}
+    rejects = {d.action: d for d in decisions if isinstance(d, Reject)}
+    return starts, rejects
+
+
+def counters(pol):
+    if isinstance(pol, TangramPolicy):
+        return {name: (p.qmin, p.rmin, len(p.waiting)) for name, p in pol.pools.items()}
+    return {k: len(q) for k, q in pol.waiting.items()}
+
+
+# -- oversized actions: rejected at once, blocking nothing ------------------------------------------------
+OVERSIZED = [  # (id, slots, ahead, units.min asked)
+    ("slots+1", (2, 2), 0, 3),
+    ("slots+ahead", (2, 2), 2, 4),
+    ("slots+1 with ahead", (2, 2), 2, 3),
+    ("a million", (2, 2), 2, 10**6),
+    ("larger than the larger of two shapes", (2, 8), 2, 9),
+]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("slots, ahead, need", [c[1:] for c in OVERSIZED], ids=[c[0] for c in OVERSIZED])
+def test_an_oversized_action_is_rejected_and_blocks_nothing(name, slots, ahead, need):
+    pol = policy(name, slots, ahead)
+    for i in range(sum(slots)):  # the pool is busy
+        pol.submit(f"busy{i}", cpu(1), 0.0)
+    pol.submit("before", cpu(1), 0.0)
+    assert pol.submit("big", cpu(need), 0.0).never
+    pol.submit("after", cpu(1), 0.0)
+    starts, rejects = by_class(pol.schedule(0.0))
+    assert set(rejects) == {"big"}
+    assert f"{need} sandbox slots" in rejects["big"].reason
+    assert f"the largest CPU worker has {max(slots)} slots" in rejects["big"].reason
+    waiting = {"before", "after"} - set(starts)
+    for i in range(sum(slots)):  # as the busy actions finish, the others start: nothing waits on "big"
+        if f"busy{i}" in starts:
+            pol.finish(f"busy{i}", 1.0, 1.0)
+    starts2, _ = by_class(pol.schedule(1.0))
+    assert waiting <= set(starts2)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_elastic_sizing_is_unchanged_after_an_oversized_action(name):
+    """The issue's leak: after the oversized action, a (1, 2) action on an idle cluster got 1 unit."""
+    def fresh_size(pol, aid, now):
+        pol.submit(aid, cpu((1, 2), p=1.0), now)
+        (d,) = [d for d in pol.schedule(now) if isinstance(d, Start)]
+        pol.finish(aid, now + 1, 1.0)
+        pol.schedule(now + 1)
+        return d.units
+
+    pol = policy(name, (2, 2), ahead=2)
+    before = fresh_size(pol, "a", 0.0)
+    pol.submit("big", cpu(3), 2.0)
+    pol.submit("huge", cpu(4), 2.0)
+    pol.schedule(2.0)
+    assert fresh_size(pol, "b", 3.0) == before == (2 if name == "tangram" else 1)
+
+
+# -- waiting for capacity ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", POLICIES)
+def test_with_wait_unplaceable_it_waits_visibly_until_a_node_can_hold_it(name):
+    pol = policy(name, (2,), wait_unplaceable=True)
+    pol.submit("big", cpu(4), 0.0)
+    pol.submit("small", cpu(1), 0.0)
+    starts, rejects = by_class(pol.schedule(0.0))
+    assert set(starts) == {"small"} and not rejects
+    (sf,) = pol.snapshot().unplaceable
+    assert (sf.resource, sf.requested, sf.largest, sf.never) == ("cpu", 4, 2, True)
+    pol.add_cpu_node(CpuNode("large", 4))
+    starts, _ = by_class(pol.schedule(1.0))
+    assert starts["big"].node == "large"
+    assert pol.snapshot().unplaceable == ()
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_before_any_worker_joins_actions_wait(name):
+    pol = policy(name, ())
+    assert pol.submit("early", cpu(2), 0.0).largest == 0
+    assert pol.schedule(0.0) == []
+    pol.add_cpu_node(CpuNode("n0", 4))
+    starts, _ = by_class(pol.schedule(1.0))
+    assert set(starts) == {"early"}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_node_leaving_rejects_queued_actions_no_other_node_can_hold(name):
+    pol = policy(name, (2, 8))
+    for i in range(8):
+        pol.submit(f"busy{i}", cpu(1), 0.0)
+    pol.schedule(0.0)
+    pol.submit("wide", cpu(6), 0.0)  # fits only the 8-slot node, busy for now
+    pol.schedule(0.0)
+    pol.remove_node("n1")
+    _, rejects = by_class(pol.schedule(1.0))
+    assert "wide" in rejects and "the largest CPU worker has 2 slots" in rejects["wide"].reason
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_wide_action_goes_to_the_node_that_can_hold_it(name):
+    """Nodes of 2 and 8 slots, dispatch-ahead 2: the 2-slot node may show as many free units as the
+    action needs (2 + 2 ahead) but can never hold 4 slots; no OverAllocation, it goes to the 8."""
+    pol = policy(name, (2, 8), ahead=2)
+    for i in range(6):
+        pol.submit(f"busy{i}", cpu(1), 0.0)
+    pol.schedule(0.0)
+    pol.submit("wide", cpu(4), 0.0)
+    starts, rejects = by_class(pol.schedule(0.0))
+    assert not rejects
+    assert starts["wide"].node == "n1"
+
+
+def test_api_and_gpu_actions_that_can_never_fit_are_rejected():
+    models = {"m": ModelSpec("m", 200.0, 1.0)}
+    pol = policy("tangram", (2,), tokens=2, models=models)
+    pol.add_gpu_node(GpuNode("g0", 2, 80.0, (2,)))
+    pol.submit("api", make_spec("search", "api", 3), 0.0)
+    pol.submit("gpu", make_spec("judge", "gpu", 1, model="m"), 0.0)
+    pol.submit("unknown", make_spec("judge", "gpu", 1, model="nope"), 0.0)
+    _, rejects = by_class(pol.schedule(0.0))
+    assert "3 API tokens; the scheduler holds 2" in rejects["api"].reason
+    assert "the GPU workers have 2 x 80 GB" in rejects["gpu"].reason
+    assert "does not know" in rejects["unknown"].reason
+
+
+# -- all-or-nothing decisions ----------------------------------------------------------------------------
+def test_an_exception_inside_one_decision_rejects_that_action_only():
+    pol = policy("tangram", (4,))
+    real = pol._units
+
+    def units(spec, *a, **kw):
+        if spec.kind == "poison":
+            raise RuntimeError("boom")
+        return real(spec, *a, **kw)
+
+    pol._units = units
+    pol.submit("ok1", cpu((1, 2), p=0.5), 0.0)
+    pol.submit("bad", cpu((1, 2), p=0.5, kind="poison"), 0.0)
+    pol.submit("ok2", cpu(1), 0.0)
+    before_free = pol.cpu.total_free
+    starts, rejects = by_class(pol.schedule(0.0))
+    assert set(rejects) == {"bad"} and "RuntimeError: boom" in rejects["bad"].reason
+    assert {"ok1", "ok2"} <= set(starts)
+    used = sum(d.units for d in starts.values())
+    assert pol.cpu.total_free == before_free - used  # nothing held for the rejected action
+    assert pol.pools["cpu"].rmin == sum(pol.running[a].spec.units_min for a in starts)
+    assert pol.pools["cpu"].qmin == 0
+
+
+# -- dispatch-ahead never changes sizing ------------------------------------------------------------------
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_dispatch_ahead_pipelines_but_never_changes_sizing(ahead):
+    """An 8-slot node with 5 busy: an elastic action gets the 3 real free slots, ahead or not."""
+    pol = policy("tangram", (8,), ahead=ahead)
+    for i in range(5):
+        pol.submit(f"busy{i}", cpu(1), 0.0)
+    pol.schedule(0.0)
+    pol.submit("elastic", cpu((1, 8), p=1.0), 0.0)
+    starts, _ = by_class(pol.schedule(0.0))
+    assert starts["elastic"].units == 3
+
+
+def test_snapshot_says_why_the_head_waits():
+    pol = policy("tangram", (2,))
+    for i in range(2):
+        pol.submit(f"busy{i}", cpu(1), 0.0)
+    pol.submit("waits", cpu(2), 0.0)
+    pol.schedule(0.0)
+    cpu_pool = next(p for p in pol.snapshot().pools if p.pool == "cpu")
+    assert cpu_pool.queued == 1 and cpu_pool.queued_units == 2
+    assert (cpu_pool.head.requested, cpu_pool.head.free, cpu_pool.head.never) == (2, 0, False)
+    assert counters(pol)["cpu"] == (2, 2, 1)
