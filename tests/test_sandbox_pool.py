@@ -179,9 +179,23 @@ def test_closed_pool_refuses_with_a_reason():
 
 
 def test_a_backend_that_cannot_start_fails_acquire_with_the_cause(tmp_path):
-    with SandboxPool(backend="process", size=1, python=str(tmp_path / "no-python"), uid=None) as p:
+    with SandboxPool(backend=bwrap_or_skip(), size=1, python=str(tmp_path / "no-python")) as p:
         with pytest.raises(SandboxError, match="could not start a sandbox.*no-python"):
             p.acquire(timeout=20)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what a root worker refuses")
+def test_a_root_worker_never_runs_code_as_root_or_as_a_uid_that_cannot_read_python(tmp_path):
+    with pytest.raises(SandboxError, match="uid' = None.*never runs as root"):
+        SandboxPool(backend="process", size=1, uid=None).start()
+    private = tmp_path / "private"  # pytest's tmp dirs are 0700: uid 65534 cannot pass
+    private.mkdir()
+    os.chmod(private, 0o700)
+    python = private / "python3"  # where it lives is what counts: never started
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    with pytest.raises(SandboxError, match="cannot read the interpreter.*backend='bwrap'"):
+        SandboxPool(backend="process", size=1, python=str(python)).start()
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "process"])
@@ -194,10 +208,11 @@ def test_sandboxes_die_with_their_worker(backend, tmp_path):
 
     if backend == "bwrap":
         bwrap_or_skip()
+    python = "/usr/bin/python3" if backend == "process" and os.geteuid() == 0 else sys.executable
     script = (
         "import sys, threading\n"
         "from tangram_dask.sandbox import SandboxPool, run_code\n"
-        f"pool = SandboxPool(backend={backend!r}, size=2, uid=None).start()\n"
+        f"pool = SandboxPool(backend={backend!r}, size=2, python={python!r}).start()\n"
         "assert pool.wait_ready(30)\n"
         "print(' '.join(str(b._proc.pid) for b in pool._boxes), flush=True)\n"
         "threading.Thread(target=run_code, args=('import time; time.sleep(60)',),\n"

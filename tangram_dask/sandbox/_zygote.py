@@ -28,14 +28,98 @@ import time
 import traceback
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 1
+SYS_MOUNT_SETATTR = 442   # the same number on every architecture (new-style syscall table)
+SYS_CLOSE_RANGE = 436
+SYS_OPEN_TREE = 428
+OPEN_TREE_CLONE = 1
+SYS_CAPSET = 126 if os.uname().machine == "x86_64" else 91
+SCRATCH = ".s"            # where each action's tmpfs is mounted before its parts are bound in place
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
 
 
-def _prctl(option, value):
-    return _libc.prctl(option, value, 0, 0, 0) == 0
+def _prctl(option, value, arg3=0):
+    return _libc.prctl(option, value, arg3, 0, 0) == 0
+
+
+def _check(rc, what):
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _mount(src, target, fstype, flags, data=None):
+    _check(_libc.mount(src and src.encode(), target.encode(), fstype and fstype.encode(), flags,
+                       data and data.encode()), f"mount {fstype or src} on {target}")
+
+
+def _umount(target):
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _read_only_everywhere():
+    """Every mount of this namespace read-only, recursively (mount_setattr, Linux >= 5.12)."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+                         ctypes.sizeof(attr)), "mount_setattr / read-only")
+
+
+def _close_from(lo):
+    if _libc.syscall(SYS_CLOSE_RANGE, lo, 0xFFFFFFFF, 0) != 0:
+        os.closerange(lo, 1 << 20)
+
+
+def _drop_caps():
+    """No capability left, in any set (the code of an unprivileged worker runs as the zygote's uid)."""
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    for cap in range(64):
+        if not _prctl(PR_CAPBSET_DROP, cap) and ctypes.get_errno() == errno.EINVAL:
+            break
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
+
+
+class _fsid:
+    """Create files as another uid (setfsuid), then back."""
+
+    def __init__(self, uid, gid):
+        self.uid, self.gid = uid, gid
+
+    def __enter__(self):
+        if self.uid is not None:
+            _libc.setfsgid(self.gid)
+            _libc.setfsuid(self.uid)
+
+    def __exit__(self, *exc):
+        if self.uid is not None:
+            _libc.setfsuid(os.geteuid())
+            _libc.setfsgid(os.getegid())
 
 
 # -- framing -----------------------------------------------------------------
@@ -146,6 +230,225 @@ def kill_leftovers(deadline_s=3.0):
     return len(seen), _reap()
 
 
+# -- namespaces and the per-action scratch -------------------------------------
+
+ISO = {"scratch": False, "proc": False, "why": ""}
+AREA_FD = -1      # the host's sandbox dir (its "state" slot), hidden from the code, reached by this fd
+TMP_FDS = {}      # paths under /tmp that must stay visible (an interpreter there) -> O_PATH fd
+
+
+def _unshare_process():
+    """process backend: own user (unprivileged), mount, PID, network, IPC, UTS namespaces.
+
+    The zygote then forks once: the child is PID 1 of the new namespace (so the code
+    cannot signal it, and kill(-1) reaches only the sandbox) and goes on as the zygote;
+    this process waits for it and exits with it.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER
+    if _libc.unshare(flags) != 0:
+        e = ctypes.get_errno()
+        return f"unshare(user, mount, pid, net) refused: {os.strerror(e)}"
+    if flags & CLONE_NEWUSER:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    pid = os.fork()
+    if pid:
+        for fd in range(3, 1024):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    ISO["proc"] = True
+    return ""
+
+
+def _prepare():
+    """Hide the host's sandbox dir, make everything read-only; each action then mounts its scratch."""
+    global AREA_FD
+    area = CONFIG["area"]
+    if CONFIG["ns"] == "bwrap":
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(mount)")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        ISO["proc"] = True  # bwrap's own PID namespace and /proc
+    for p in CONFIG.get("keep_under_tmp", ()):
+        TMP_FDS[p] = os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    # a detached copy of the host dir's mount: not in the tree (so never made read-only, never seen by
+    # the code), reached only through this fd, where a trajectory's dir is saved after its action
+    AREA_FD = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, area.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
+    if AREA_FD < 0:
+        _check(-1, f"open_tree {area}")
+    _mount("tmpfs", area, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=64,mode=0755")
+    os.mkdir(os.path.join(area, "work"), 0o755)
+    os.mkdir(os.path.join(area, SCRATCH), 0o700)
+    if area.startswith("/tmp/"):  # each action's fresh /tmp would hide it: bound again there
+        TMP_FDS[area] = os.open(area, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _read_only_everywhere()
+    ISO["scratch"] = True
+
+
+def _mount_scratch(req):
+    """A fresh tmpfs (one size and file quota) for /tmp, /dev/shm and the working dir.
+
+    The tmpfs is mounted at /dev/shm, its parts are bound at the working dir and
+    /tmp, and its ``shm`` part is bound over it at /dev/shm. Paths under /tmp that
+    must stay visible (an interpreter there; the sandbox's own dir, for the process
+    backend) are bound again inside the fresh /tmp.
+    """
+    area = CONFIG["area"]
+    st = "/dev/shm"
+    size = int(req.get("work_bytes") or 256 << 20)
+    files = int(req.get("work_files") or 20000) + 8 + 8 * len(TMP_FDS)
+    # the root is covered at once (by the shm part): its mode only lets the code's uid make the parts
+    _mount("tmpfs", st, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={files},mode=0777")
+    uid = CONFIG.get("uid")
+    with _fsid(uid, CONFIG.get("gid", uid)):
+        for name, mode in (("tmp", 0o1777), ("shm", 0o1777), ("work", 0o700)):
+            os.mkdir(os.path.join(st, name))
+            os.chmod(os.path.join(st, name), mode)
+        for p in TMP_FDS:  # their mount points inside the fresh /tmp
+            os.makedirs(os.path.join(st, "tmp", p[len("/tmp/"):]), mode=0o755, exist_ok=True)
+    _mount(os.path.join(st, "work"), os.path.join(area, "work"), None, MS_BIND)
+    _mount(os.path.join(st, "tmp"), "/tmp", None, MS_BIND)
+    _mount(os.path.join(st, "shm"), "/dev/shm", None, MS_BIND)
+    for p, fd in TMP_FDS.items():
+        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+
+
+def _unmount_scratch():
+    """Drop the action's tmpfs: whatever it held is gone. Returns '' or why it failed."""
+    errors = []
+    for t in [*TMP_FDS, "/tmp", "/dev/shm", "/dev/shm", os.path.join(CONFIG["area"], "work")]:
+        try:
+            _umount(t)
+        except OSError as e:
+            errors.append(str(e))
+    return "; ".join(errors)
+
+
+def _scratch_full():
+    try:
+        st = os.statvfs(os.path.join(CONFIG["area"], "work"))
+    except OSError:
+        return False
+    return st.f_bavail == 0 or st.f_favail == 0
+
+
+def copy_tree(src, dst):
+    """Copy dirs, regular files and symlinks (as links, never followed) from ``src`` into ``dst``.
+
+    Runs as the code's uid: what it cannot read it makes readable first (it owns it).
+    Fifos, sockets and devices are skipped.
+    """
+    os.makedirs(dst, mode=0o700, exist_ok=True)
+    try:
+        entries = list(os.scandir(src))
+    except PermissionError:
+        os.chmod(src, 0o700)
+        entries = list(os.scandir(src))
+    for e in entries:
+        target = os.path.join(dst, e.name)
+        st = e.stat(follow_symlinks=False)
+        if e.is_symlink():
+            os.symlink(os.readlink(e.path), target)
+        elif e.is_dir(follow_symlinks=False):
+            copy_tree(e.path, target)
+            os.chmod(target, (st.st_mode & 0o777) | 0o700)
+        elif e.is_file(follow_symlinks=False):
+            try:
+                fin = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW)
+            except PermissionError:
+                os.chmod(e.path, st.st_mode | 0o600)
+                fin = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                fout = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    while True:
+                        chunk = os.read(fin, 1 << 20)
+                        if not chunk:
+                            break
+                        os.write(fout, chunk)
+                finally:
+                    os.close(fout)
+            finally:
+                os.close(fin)
+            os.chmod(target, st.st_mode & 0o777)
+        else:
+            continue
+        try:
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+        except OSError:
+            pass
+
+
+def _become_code_user():
+    """Drop to the code's uid (worker root), or drop every capability (worker unprivileged)."""
+    uid = CONFIG.get("uid")
+    if uid is not None:
+        gid = CONFIG.get("gid", uid)
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    elif CONFIG.get("ns"):
+        _drop_caps()
+
+
+def _save_state():
+    """After a stateful action: its working dir replaces the trajectory's state (as the code's uid).
+
+    Returns '' or why it failed.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            _become_code_user()
+            base = f"/proc/self/fd/{AREA_FD}/slot"
+            new, old = f"{base}/state.new", f"{base}/state.old"
+            copy_tree(os.path.join(CONFIG["area"], "work"), new)
+            os.rename(f"{base}/state", old)
+            os.rename(new, f"{base}/state")
+            _rm(old)
+            code = 0
+        except BaseException as e:
+            os.write(w, f"{type(e).__name__}: {e}".encode()[:2000])
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        why = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return ""
+    return why or f"the copy ended with status {status}"
+
+
+def _rm(path):
+    """Remove a tree the code made (it may have chmod-ed dirs to 000: it owns them, so undo that)."""
+    os.chmod(path, 0o700)
+    for e in os.scandir(path):
+        if e.is_dir(follow_symlinks=False):
+            _rm(e.path)
+        else:
+            os.unlink(e.path)
+    os.rmdir(path)
+
+
 # -- the child ---------------------------------------------------------------
 
 def _set_limits(req):
@@ -176,7 +479,6 @@ def _child(req, fds):
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.dup2(st_w, 3)
-        os.closerange(4, 1 << 16)
         os.set_inheritable(3, False)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         cpus = req.get("cpus")
@@ -189,14 +491,24 @@ def _child(req, fds):
                 affinity = "none"
         os.write(3, f"cpu={affinity}\n".encode())
         _set_limits(req)
-        uid = CONFIG.get("uid")
-        if uid is not None:
-            gid = CONFIG.get("gid", uid)
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-        os.chdir(req["cwd"])
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary, no file capability can raise it again
+        _become_code_user()
+        work = req["cwd"]
+        if req.get("stateful") and ISO["scratch"]:
+            copy_tree(f"/proc/self/fd/{AREA_FD}/slot/state", work)
+        for rel, data in (req.get("files") or {}).items():
+            path = os.path.join(work, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, base64.b64decode(data))
+            finally:
+                os.close(fd)
+        _close_from(4)  # nothing of the zygote's (its channel, the host dir's fd) reaches the code
+        os.chdir(work)
         env = dict(CONFIG["env"])
+        if ISO["scratch"]:
+            env["TMPDIR"] = "/tmp"
         env.update(req.get("env") or {})
         os.environ.clear()
         os.environ.update(env)
@@ -211,7 +523,9 @@ def _child(req, fds):
         _run_python(req["code"])
     except BaseException as e:  # setup failed: say so, never run the code
         try:
-            os.write(3, f"end=setup\nmsg={type(e).__name__}: {e}\n".encode())
+            end = "file_limit" if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) \
+                else "setup"
+            os.write(3, f"end={end}\nmsg={type(e).__name__}: {e}\n".encode())
         finally:
             os._exit(126)
 
@@ -238,7 +552,7 @@ def _run_python(code):
         end, rc = "memory", 1
         _print_exc()
     except OSError as e:
-        end, rc = ("file_limit" if e.errno == errno.EFBIG else ""), 1
+        end, rc = ("file_limit" if e.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT) else ""), 1
         _print_exc()
     except BaseException:
         rc = 1
@@ -268,6 +582,24 @@ def _print_exc():
 # -- one run -----------------------------------------------------------------
 
 def do_run(req):
+    if ISO["scratch"]:
+        _mount_scratch(req)
+    try:
+        res = _do_run(req)
+    except BaseException:
+        if ISO["scratch"]:
+            kill_leftovers()
+            _unmount_scratch()
+        raise
+    res["full"] = ISO["scratch"] and _scratch_full()
+    res["saved"] = ""
+    if req.get("stateful") and ISO["scratch"] and res["clean"]:
+        res["saved"] = _save_state()
+    res["wipe"] = _unmount_scratch() if ISO["scratch"] else ""
+    return res
+
+
+def _do_run(req):
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -395,24 +727,41 @@ CONFIG = {}
 
 def main():
     CONFIG.update(json.loads(sys.argv[1]))
+    cg = CONFIG.get("cgroup_fd")
+    if cg is not None:  # join the sandbox's cgroup before anything is forked ("0": this process)
+        try:
+            os.write(cg, b"0")
+        finally:
+            os.close(cg)
     chan = Channel(os.dup(0), os.dup(1))
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    os.chdir("/")
     parent = CONFIG.get("parent_pid")
     if parent is not None:  # die with the worker (bwrap does this itself with --die-with-parent)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the worker died before we got here
             os._exit(1)
-    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     net = "namespace" if CONFIG.get("net_isolated") else "none"
-    if CONFIG.get("unshare_net"):
+    if CONFIG.get("ns") == "process":
+        ISO["why"] = _unshare_process()
+        if not ISO["why"]:
+            net = "namespace"
+    elif CONFIG.get("unshare_net"):
         net = "namespace" if _libc.unshare(CLONE_NEWNET) == 0 else "none"
+    if CONFIG.get("ns") and not ISO["why"]:
+        try:
+            _prepare()
+        except OSError as e:
+            ISO["why"] = str(e)
+    os.chdir("/")
+    _prctl(PR_SET_DUMPABLE, 0)  # code of the same uid cannot ptrace or read /proc of the zygote
+    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     for name in CONFIG.get("preload", ()):
         __import__(name)
-    chan.send({"op": "ready", "pid": os.getpid(), "net": net, "subreaper": subreaper, "uid": os.getuid()})
+    chan.send({"op": "ready", "pid": os.getpid(), "net": net, "subreaper": subreaper, "uid": os.getuid(),
+               "scratch": ISO["scratch"], "proc": ISO["proc"], "why": ISO["why"]})
     null = os.open(os.devnull, os.O_RDWR)  # the host stops reading our stderr once we are ready
     os.dup2(null, 2)
     os.close(null)
@@ -426,7 +775,10 @@ def main():
             n, clean = kill_leftovers()
             chan.send({"op": "pong", "leftovers": n, "clean": clean})
         elif req["op"] == "run":
-            chan.send(do_run(req))
+            try:
+                chan.send(do_run(req))
+            except OSError as e:
+                chan.send({"op": "error", "msg": f"the sandbox could not prepare or clean up the run: {e}"})
         else:
             chan.send({"op": "error", "msg": f"unknown op {req['op']!r}"})
 

@@ -22,6 +22,7 @@ from .result import RunResult
 
 PLUGIN_NAME = "tangram-sandbox"
 TAKE_HANDLER = "tangram_sandbox_take"
+DROP_HANDLER = "tangram_sandbox_drop"
 
 logger = logging.getLogger("tangram_dask.sandbox")
 
@@ -68,14 +69,26 @@ def _pull_moved_state(pool: SandboxPool, trajectory: str, alloc: Any) -> None:
     async def take() -> bytes | None:
         return await worker.rpc(source).tangram_sandbox_take(trajectory=trajectory)
 
+    async def drop() -> bool:
+        return await worker.rpc(source).tangram_sandbox_drop(trajectory=trajectory)
+
     try:
         data = sync(worker.loop, take)
+    except SandboxError as e:  # the source refused the snapshot: it keeps the dir, the action fails
+        raise SandboxError(f"trajectory {trajectory!r} could not be moved here from {source}: {e}") from None
     except Exception as e:  # the source left: the trajectory starts afresh here, and says so
         logger.warning("tangram sandbox: could not take trajectory %s from %s (%s: %s); it starts with an "
                        "empty working dir here", trajectory, source, type(e).__name__, e)
         return
-    if data:
-        pool.restore_trajectory(trajectory, data)
+    if not data:
+        return
+    # a restore that fails raises here: the source still holds the dir (it drops it only below)
+    pool.restore_trajectory(trajectory, data)
+    try:
+        sync(worker.loop, drop)
+    except Exception as e:
+        logger.warning("tangram sandbox: trajectory %s was restored here but %s could not drop its copy "
+                       "(%s: %s); its TTL will", trajectory, source, type(e).__name__, e)
 
 
 def _run(pool: SandboxPool | None, units: int | None, trajectory: str | None, limits: dict[str, Any],
@@ -151,6 +164,7 @@ def _on_worker(fn: str, *args: Any, dask_worker: Any = None) -> Any:
 
 def move_trajectory(client: Any, trajectory: str, source: str, destination: str) -> int:
     """Move a trajectory's working dir from worker ``source`` to ``destination``; the bytes moved."""
+    # the source removes its dir only once the destination has restored it
     data = client.run(_on_worker, "snapshot_trajectory", trajectory, workers=[source])[source]
     client.run(_on_worker, "restore_trajectory", trajectory, data, workers=[destination])
     client.run(_on_worker, "end_trajectory", trajectory, workers=[source])

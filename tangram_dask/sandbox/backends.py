@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
@@ -45,9 +45,14 @@ logger = logging.getLogger("tangram_dask.sandbox")
 
 _ZYGOTE_SRC = (Path(__file__).with_name("_zygote.py")).read_text()
 
-#: The threats the hostile-code tests exercise, in the issue's order.
-THREATS = ("infinite_loop", "fork_bomb", "memory", "file_size", "output_flood", "read_host_files",
-           "write_outside", "network", "kill_processes", "leftover_process", "close_stdout")
+#: The hostile cases the tests run (tests/test_sandbox_hostile.py), every one under each backend and
+#: as a root and an unprivileged worker.
+THREATS = (
+    "infinite_loop", "ignore_sigterm", "fork_bomb", "fork_bomb_libc", "memory", "file_size", "file_flood",
+    "disk_fill", "fd_flood", "output_flood", "binary_output", "raise_limits", "privileges",
+    "read_host_files", "proc_worker", "env_leak", "fd_leak", "persist_writable", "write_outside",
+    "network", "kill_processes", "leftover_process", "close_stdout", "snapshot_symlink",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,29 +71,30 @@ class Containment:
 # -- running as whom ----------------------------------------------------------
 
 def code_uid(options: PoolOptions, backend: str = "process") -> int | None:
-    """The uid untrusted code runs as (None: the worker's own).
+    """The uid untrusted code runs as (None: the worker's own, which only an unprivileged worker may keep).
 
-    Under ``process`` the code runs the host's interpreter directly, so a uid it
-    cannot read the interpreter as is no use: ``uid='auto'`` then keeps the
-    worker's uid (weaker: see :func:`containment`), an explicit uid is an error.
-    (Under ``bwrap`` the interpreter's directories are mounted readable.)
+    A root worker never runs untrusted code as root: ``uid=None`` is refused, and
+    under ``process`` (which runs the host's interpreter directly) so is an
+    interpreter the code's uid cannot read, naming the fix. (Under ``bwrap`` the
+    interpreter's directories are mounted readable.) An unprivileged worker runs
+    the code as its own uid, inside a user namespace where the kernel allows one.
     """
-    if options.uid is None:
-        return None
     if os.geteuid() != 0:
-        if options.uid == "auto":
+        if options.uid is None or options.uid == "auto":
             return None
         raise SandboxError(f"sandbox option 'uid' = {options.uid!r}: switching user needs the worker to run "
-                           "as root; run the worker as root or pass uid=None")
+                           "as root; run the worker as root or pass uid='auto' (the worker's own uid)")
+    if options.uid is None:
+        raise SandboxError("sandbox option 'uid' = None: the worker runs as root and untrusted code never "
+                           "runs as root; pass uid='auto' (65534) or another unprivileged uid")
     uid = 65534 if options.uid == "auto" else int(options.uid)
     if backend == "process":
         blocked = _unreadable_by(options.python, uid)
         if blocked:
-            if options.uid == "auto":
-                return None
-            raise SandboxError(f"sandbox option 'uid' = {uid}: the interpreter {options.python} is not "
-                               f"readable by uid {uid} ({blocked} is closed to it); pass python= an "
-                               "interpreter outside private dirs (e.g. /usr/bin/python3) or uid=None")
+            raise SandboxError(f"sandbox option 'python' = {options.python!r}: the code would run as uid {uid}, "
+                               f"which cannot read the interpreter ({blocked} is closed to it); pass python= an "
+                               "interpreter outside private dirs (e.g. '/usr/bin/python3') or use "
+                               "backend='bwrap', which mounts the interpreter's dirs readable")
     return uid
 
 
@@ -177,34 +183,43 @@ class Sandbox:
     """One warm sandbox. Subclasses say how the zygote is confined (:meth:`_command`)."""
 
     name: ClassVar[str] = ""
-    #: where the working dir and /tmp are, as the code sees them (None: the host paths)
-    inner_work: ClassVar[str | None] = None
-    inner_tmp: ClassVar[str | None] = None
+    #: where the host's sandbox dir is, as the zygote sees it (None: the host path)
+    inner_area: ClassVar[str | None] = None
 
     def __init__(self, box_dir: str | os.PathLike[str], options: PoolOptions, sandbox_id: str = ""):
         self.options = options
         self.id = sandbox_id or Path(box_dir).name
         self.box = Path(box_dir)
-        self.mnt = self.box / "mnt"          # bound at the working dir's parent
-        self.work = self.mnt / "work"        # the code's working dir (swapped for a trajectory's)
-        self.tmp = self.box / "tmp"          # the code's /tmp
-        self.tmp_keep: set[str] = set()     # entries of /tmp that are mount points (kept by reset)
+        self.mnt = self.box / "mnt"          # the zygote's area: hidden from the code once it is ready
+        self.tmp = self.box / "tmp"          # the code's /tmp where there is no mount namespace
         self.uid = code_uid(options, self.name)
         self.uses = 0
         self.damaged = ""                    # why it must not be reused, if it must not
         self.info: dict[str, Any] = {}       # the zygote's "ready" message
+        self.cgroup: "SandboxCgroup | None" = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._lock = threading.Lock()
 
-    # -- paths as the code sees them -----------------------------------------
+    # -- paths -----------------------------------------------------------------
+    @property
+    def scratch(self) -> bool:
+        """Whether each action gets fresh tmpfs /tmp, /dev/shm and working dir (mount namespace)."""
+        return bool(self.info.get("scratch"))
+
+    @property
+    def work(self) -> Path:
+        """Where a trajectory's dir is moved in for its action (host path)."""
+        return self.mnt / "slot" / "state" if self.scratch else self.mnt / "work"
+
     @property
     def work_path(self) -> str:
-        return self.inner_work or str(self.work)
+        """The code's working dir, as the code sees it."""
+        return f"{self.inner_area or self.mnt}/work"
 
     @property
     def tmp_path(self) -> str:
-        return self.inner_tmp or str(self.tmp)
+        return "/tmp" if self.scratch or self.inner_area else str(self.tmp)
 
     # -- the interface ---------------------------------------------------------
     def start(self) -> None:
@@ -213,30 +228,41 @@ class Sandbox:
             d.mkdir(parents=True, exist_ok=True)
         for d in (self.box, self.mnt):
             os.chmod(d, 0o711)
-        if self.uid is not None and self.inner_work is None:
+        if self.uid is not None and self.inner_area is None:
             blocked = _unreadable_by(str(self.mnt), self.uid, final=0o1)
             if blocked:
                 raise SandboxError(f"the sandbox directory {self.box} is not reachable by uid {self.uid} "
                                    f"({blocked} is closed to it); put the pool's root under a directory "
-                                   "others may traverse (chmod o+x), or pass uid=None")
-        self.new_workdir()
+                                   "others may traverse (chmod o+x), or use backend='bwrap'")
+        for d in (self.mnt / "work", self.mnt / "slot"):  # without scratch / with: a trajectory's dir goes there
+            d.mkdir(mode=0o700, exist_ok=True)
+            self._own(d)
         os.chmod(self.tmp, 0o700)
-        if self.uid is not None:
-            os.chown(self.tmp, self.uid, self.uid)
+        self._own(self.tmp)
         config = {
             "uid": self.uid,
             "env": self._env(),
             "preload": list(self.options.preload),
+            "area": self.inner_area or str(self.mnt),
             **self._config(),
         }
+        pass_fds: tuple[int, ...] = ()
+        if self.options.cgroup is not None:
+            self.cgroup = SandboxCgroup.create(self.options.cgroup, self.id, self.options.limits)
+            if self.cgroup is not None:
+                config["cgroup_fd"] = self.cgroup.procs_fd
+                pass_fds = (self.cgroup.procs_fd,)
         cmd = self._command(config)
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, cwd=self.box, env=self._host_env(),
-                                          start_new_session=True, close_fds=True)
+                                          start_new_session=True, close_fds=True, pass_fds=pass_fds)
         except OSError as e:
             raise SandboxError(f"cannot start a {self.name} sandbox ({cmd[0]}): {e}; check that it is "
                                "installed and executable") from e
+        finally:
+            if self.cgroup is not None:
+                self.cgroup.close_fd()
         os.set_blocking(self._proc.stdout.fileno(), False)  # type: ignore[union-attr]
         msg = self._recv(time.monotonic() + self.options.start_timeout_s)
         if msg is None or msg.get("op") != "ready":
@@ -247,11 +273,22 @@ class Sandbox:
         self.info = msg
         # the zygote's stderr is not read again: it says nothing after start
         self._proc.stderr.close()  # type: ignore[union-attr]
+        if not msg.get("scratch") and (self.name == "bwrap" or self.options.strict):
+            why = msg.get("why") or "unknown"
+            self.close()
+            raise SandboxError(f"a {self.name} sandbox got no private mount namespace ({why}): actions could "
+                               "leave files in /tmp or /dev/shm for the next; "
+                               + ("strict=True refuses to run without one; allow unprivileged user "
+                                  "namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                                  "user.max_user_namespaces > 0) or run the worker as root"
+                                  if self.options.strict else self._start_fix()))
 
-    def run(self, request: Mapping[str, Any], limits: Limits, cpus: tuple[int, ...] = ()) -> RunResult:
+    def run(self, request: Mapping[str, Any], limits: Limits, cpus: tuple[int, ...] = (),
+            stateful: bool = False) -> RunResult:
         """Run one action (``code`` or ``argv``) with these limits; never raises for the code's faults."""
         units = max(1, len(cpus))
         cpu_s = limits.cpu_s if limits.cpu_s is not None else limits.timeout_s * units + 1
+        files = {rel: base64.b64encode(data).decode() for rel, data in (request.get("files") or {}).items()}
         req = {
             "op": "run",
             "code": request.get("code"),
@@ -259,45 +296,65 @@ class Sandbox:
             "stdin": base64.b64encode(request.get("stdin") or b"").decode(),
             "env": {**(request.get("env") or {}), "OMP_NUM_THREADS": str(units), "TANGRAM_CPUS": str(units)},
             "cwd": self.work_path,
+            "files": files,
+            "stateful": stateful,
             "cpus": list(cpus),
             "timeout_s": limits.timeout_s,
             "cpu_s": cpu_s,
             "memory_bytes": limits.memory_bytes,
             "output_bytes": limits.output_bytes,
             "file_bytes": limits.file_bytes,
+            "work_bytes": limits.work_bytes,
+            "work_files": limits.work_files,
             "procs": limits.procs,
             "open_files": limits.open_files,
         }
+        if self.cgroup is not None:
+            self.cgroup.set_cpus(units)
         self.uses += 1
         t0 = time.monotonic()
         with self._lock:
             try:
                 self._send(req)
-                msg = self._recv(t0 + limits.timeout_s + 10.0)
+                msg = self._recv(t0 + limits.timeout_s + 10.0 + _copy_allowance(stateful))
             except OSError:
                 msg = None
         if msg is None or msg.get("op") != "result":
-            self.damaged = "the sandbox died or stopped answering during the run"
+            why = msg.get("msg") if msg is not None and msg.get("op") == "error" else ""
+            self.damaged = why or "the sandbox died or stopped answering during the run"
             return RunResult(reason="killed", exit_code=None, stdout="", stderr="",
                              wall_s=time.monotonic() - t0, cpu_s=0.0, backend=self.name, cpus=tuple(cpus),
-                             detail=self.damaged + " (did the code kill its parent?); it was replaced")
+                             detail=self.damaged + ("" if why else " (did the code kill its parent?)")
+                             + "; it was replaced")
         res = _result(msg, self.name, tuple(cpus), limits, command=bool(request.get("argv")))
         if not msg.get("clean", True):
             self.damaged = "processes left by the code could not all be killed"
+        elif msg.get("wipe"):
+            self.damaged = f"its scratch could not be unmounted: {msg['wipe']}"
+        elif msg.get("saved"):
+            self.damaged = f"the trajectory's working dir could not be saved after the action: {msg['saved']}"
+            res = replace(res, detail="; ".join(filter(None, [res.detail, self.damaged])))
         elif res.reason not in ("ok", "error") or res.leftovers_killed:
             self.damaged = f"the last run ended with {res.reason}" + (
                 f" and {res.leftovers_killed} leftover processes" if res.leftovers_killed else "")
         return res
 
     def reset(self) -> bool:
-        """Make the sandbox ready for another action; False: it must be recycled instead."""
+        """Make the sandbox ready for another action; False: it must be recycled instead.
+
+        With a mount namespace the zygote already dropped the action's tmpfs: nothing
+        to wipe. Without one (process backend, no user namespaces) the working dir
+        and the private TMPDIR are wiped here; /tmp and /dev/shm are not private then.
+        """
         if self.damaged or not self.alive():
             return False
         if self.uses >= self.options.max_uses:
             return False
+        if self.scratch:
+            return True
         try:
             self.new_workdir()
-            _empty_dir(self.tmp, keep=self.tmp_keep)
+            _empty_dir(self.tmp)
         except OSError as e:
             self.damaged = f"its directories could not be wiped: {e}"
             return False
@@ -329,6 +386,8 @@ class Sandbox:
                         f.close()
                 except OSError:
                     pass
+        if self.cgroup is not None:
+            self.cgroup.remove()
         shutil.rmtree(self.box, ignore_errors=True)
 
     # -- helpers ---------------------------------------------------------------
@@ -336,21 +395,25 @@ class Sandbox:
         return self._proc is not None and self._proc.poll() is None
 
     def new_workdir(self) -> None:
-        """A fresh, empty working dir owned by the code's uid (wiping the old one)."""
-        if self.work.is_symlink() or self.work.exists():
-            if self.work.is_dir() and not self.work.is_symlink() and not any(os.scandir(self.work)):
+        """A fresh, empty working dir owned by the code's uid (wiping the old one), without scratch."""
+        work = self.mnt / "work"
+        if work.is_symlink() or work.exists():
+            if work.is_dir() and not work.is_symlink() and not any(os.scandir(work)):
                 return
-            _rmtree(self.work)
-        self.work.mkdir(mode=0o700)
+            _rmtree(work)
+        work.mkdir(mode=0o700)
+        self._own(work)
+
+    def _own(self, p: Path) -> None:
         if self.uid is not None:
-            os.chown(self.work, self.uid, self.uid)
+            os.chown(p, self.uid, self.uid)
 
     def _env(self) -> dict[str, str]:
         bindir = os.path.dirname(self.options.python)
         return {
             "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
             "HOME": self.work_path,
-            "TMPDIR": self.tmp_path,
+            "TMPDIR": str(self.tmp) if self.inner_area is None else "/tmp",  # the zygote says /tmp with scratch
             "LANG": "C.UTF-8",
             "USER": "sandbox",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -432,6 +495,9 @@ def _result(msg: Mapping[str, Any], backend: str, cpus: tuple[int, ...], limits:
         reason, detail = "output_limit", f"{which} passed the {limits.output_bytes} byte limit; killed and cut"
     elif end == "memory":
         reason, detail = "memory", f"MemoryError at the {limits.memory_bytes} byte address-space limit"
+    elif msg.get("full") and (code != 0 or end == "file_limit"):
+        reason, detail = "file_limit", (f"the working dir, /tmp and /dev/shm (one tmpfs) are full: "
+                                        f"{limits.work_bytes} bytes or {limits.work_files} files")
     elif end == "file_limit" or sig == 25:  # SIGXFSZ
         reason, detail = "file_limit", f"a file passed the {limits.file_bytes} byte limit"
     elif sig == 24:  # SIGXCPU
@@ -499,28 +565,35 @@ def _empty_dir(path: Path, keep: set[str] = frozenset()) -> None:
 # -- the backends -------------------------------------------------------------
 
 class BwrapSandbox(Sandbox):
-    """Bubblewrap: namespaces, read-only system, private /tmp and working dir."""
+    """Bubblewrap: namespaces, read-only system, a fresh tmpfs per action for every writable place."""
 
     name = "bwrap"
-    inner_work = "/sandbox/work"
-    inner_tmp = "/tmp"
+    inner_area = "/sandbox"
 
     def _config(self) -> dict[str, Any]:
-        return {"net_isolated": True}
+        return {"net_isolated": True, "ns": "bwrap", "keep_under_tmp": self._under_tmp()}
+
+    def _under_tmp(self) -> list[str]:
+        return [p for p in self._binds() if p.startswith("/tmp/")]
+
+    def _binds(self) -> list[str]:
+        return [p for p in _python_paths(self.options.python) + list(self.options.ro_binds)
+                if not p.startswith("/usr/")]
 
     def _command(self, config: dict[str, Any]) -> list[str]:
         exe = _bwrap_path()
         if exe is None:
             raise SandboxError("bwrap is not installed: apt-get install -y bubblewrap, or use backend='process'")
-        args = [exe, "--die-with-parent", "--new-session", "--clearenv",
+        args = [exe, "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
                 "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--hostname", "sandbox"]
+        # the zygote keeps only what it needs: mount each action's tmpfs (SYS_ADMIN), and as root drop
+        # to the code's uid (SETUID, SETGID) and kill what the code left (KILL); the code keeps nothing
         if os.geteuid() == 0:
-            # the zygote keeps only what it needs to drop to the code's uid and kill leftovers
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                     "--cap-add", "CAP_KILL"]
+                     "--cap-add", "CAP_KILL", "--cap-add", "CAP_SYS_ADMIN"]
         else:
-            args += ["--unshare-user"]
+            args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
         args += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
@@ -530,17 +603,14 @@ class BwrapSandbox(Sandbox):
         args += ["--perms", "0755", "--dir", "/etc"]  # made by bwrap, it would be 0700
         for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives"):
             args += ["--ro-bind-try", etc, etc]
-        binds = [p for p in _python_paths(self.options.python) + list(self.options.ro_binds)
-                 if not p.startswith("/usr/")]
-        # an interpreter under /tmp (a checkout there) is bound after the private /tmp, over it
+        binds = self._binds()
+        # an interpreter under /tmp (a checkout there) is bound after /tmp, over it; the zygote binds it
+        # again into each action's fresh /tmp
         under_tmp = [p for p in binds if p.startswith("/tmp/")]
         args += _ro_binds([p for p in binds if p not in under_tmp])
-        args += ["--dev", "/dev", "--proc", "/proc",
-                 "--bind", str(self.tmp), "/tmp", "--bind", str(self.mnt), "/sandbox"]
+        args += ["--dev", "/dev", "--proc", "/proc", "--perms", "0755", "--tmpfs", "/tmp",
+                 "--bind", str(self.mnt), "/sandbox"]
         args += _ro_binds(under_tmp)
-        self.tmp_keep = {p.split("/")[2] for p in under_tmp}  # their mount points survive a reset
-        if under_tmp:  # bwrap (root without CAP_DAC_OVERRIDE) must pass through it: a /tmp's usual mode
-            os.chmod(self.tmp, 0o1777)
         args += ["--chdir", "/"]
         return [*args, "--", self.options.python, "-I", "-c", _ZYGOTE_SRC, json.dumps(config)]
 
@@ -549,18 +619,83 @@ class BwrapSandbox(Sandbox):
 
 
 class ProcessSandbox(Sandbox):
-    """A plain child process with rlimits, its own session, a scrubbed environment."""
+    """A child process in its own namespaces where allowed; rlimits, own session, scrubbed environment."""
 
     name = "process"
 
     def _config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {"unshare_net": True, "parent_pid": os.getpid()}
+        cfg: dict[str, Any] = {"ns": "process", "parent_pid": os.getpid(),
+                               "keep_under_tmp": [p for p in _python_paths(self.options.python)
+                                                  if p.startswith("/tmp/")]}
         if self.uid is None and os.geteuid() != 0:
             cfg["nproc_base"] = _count_tasks(os.geteuid())
         return cfg
 
     def _command(self, config: dict[str, Any]) -> list[str]:
         return [self.options.python, "-I", "-c", _ZYGOTE_SRC, json.dumps(config)]
+
+
+def _copy_allowance(stateful: bool) -> float:
+    """Extra seconds a stateful action may take to copy its dir in and out of its tmpfs."""
+    return 30.0 if stateful else 0.0
+
+
+class SandboxCgroup:
+    """A sandbox's own cgroup (v2) under a delegated one: ``memory.max``, ``pids.max``, ``cpu.max``.
+
+    The host makes ``<root>/tangram-<id>``, writes the limits, and hands the zygote an
+    open ``cgroup.procs`` into which it writes ``0`` (itself) before it forks anything,
+    so every action's processes are in it. ``cpu.max`` follows each action's units.
+    """
+
+    PERIOD = 100_000
+
+    def __init__(self, path: Path, procs_fd: int):
+        self.path = path
+        self.procs_fd = procs_fd
+        self._cpus = 0
+
+    @classmethod
+    def create(cls, root: str, sandbox_id: str, limits: Limits) -> "SandboxCgroup | None":
+        base = Path(root)
+        controllers = set((base / "cgroup.controllers").read_text().split()) if (base / "cgroup.controllers").exists() \
+            else set()
+        missing = {"memory", "pids", "cpu"} - controllers
+        if missing:
+            raise SandboxError(f"sandbox option 'cgroup' = {root!r}: {base} does not offer the "
+                               f"{', '.join(sorted(missing))} controller(s); delegate them (cgroup.subtree_control "
+                               "of its parent) or pass cgroup=None")
+        wanted = " ".join(f"+{c}" for c in ("cpu", "memory", "pids"))
+        try:
+            (base / "cgroup.subtree_control").write_text(wanted)
+        except OSError as e:
+            raise SandboxError(f"sandbox option 'cgroup' = {root!r}: cannot enable controllers in {base} ({e}); "
+                               "the worker needs a delegated cgroup v2 subtree") from e
+        path = base / f"tangram-{sandbox_id}-{os.getpid()}"
+        path.mkdir(exist_ok=True)
+        (path / "memory.max").write_text(str(limits.memory_bytes + limits.work_bytes))
+        (path / "pids.max").write_text(str(limits.procs + 8))
+        fd = os.open(path / "cgroup.procs", os.O_WRONLY)
+        cg = cls(path, fd)
+        cg.set_cpus(1)
+        return cg
+
+    def set_cpus(self, units: int) -> None:
+        if units != self._cpus:
+            (self.path / "cpu.max").write_text(f"{units * self.PERIOD} {self.PERIOD}")
+            self._cpus = units
+
+    def close_fd(self) -> None:
+        if self.procs_fd >= 0:
+            os.close(self.procs_fd)
+            self.procs_fd = -1
+
+    def remove(self) -> None:
+        self.close_fd()
+        try:
+            self.path.rmdir()
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)  # a fake cgroup tree (plain dirs) in tests
 
 
 def _ro_binds(paths: list[str]) -> list[str]:
@@ -592,48 +727,99 @@ def _python_paths(python: str) -> list[str]:
 BACKEND_CLASSES: dict[str, type[Sandbox]] = {"bwrap": BwrapSandbox, "process": ProcessSandbox}
 
 
-def containment(backend: str, options: PoolOptions | None = None, net_isolated: bool | None = None,
-                ) -> dict[str, Containment]:
-    """What ``backend`` contains on this machine, threat by threat, and why.
+_ns_probe: dict[str, tuple[bool, str]] = {}
 
-    ``net_isolated``: whether the process backend's zygote got its own network
-    namespace (its "ready" message says; None: assume it did if root).
+_NS_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+flags = 0x00020000 | 0x20000000 | 0x40000000 | (0 if os.geteuid() == 0 else 0x10000000)
+if libc.unshare(flags) != 0:
+    sys.exit(os.strerror(ctypes.get_errno()))
+"""
+
+
+def namespaces_available(backend: str) -> bool:
+    """Whether this backend's zygote gets its mount, PID and network namespaces here (probed once)."""
+    if backend == "bwrap":
+        return bwrap_available()[0]
+    return namespace_probe()[0]
+
+
+def namespace_probe() -> tuple[bool, str]:
+    """Whether this process may unshare user (if unprivileged), mount, PID and network namespaces."""
+    with _probe_lock:
+        if "process" not in _ns_probe:
+            try:
+                p = subprocess.run([sys.executable, "-I", "-c", _NS_PROBE], capture_output=True, timeout=10)
+                ok, why = p.returncode == 0, p.stderr.decode(errors="replace").strip()
+            except (OSError, subprocess.SubprocessError) as e:
+                ok, why = False, str(e)
+            _ns_probe["process"] = (ok, "" if ok else f"unshare refused: {why}")
+        return _ns_probe["process"]
+
+
+def containment(backend: str, options: PoolOptions | None = None, *, root: bool | None = None,
+                isolated: bool | None = None) -> dict[str, Containment]:
+    """What ``backend`` contains, case by case (:data:`THREATS`), and why.
+
+    ``root``: whether the worker runs as root (None: this process). ``isolated``:
+    whether the sandbox gets its namespaces (None: probed here; bwrap always has them).
+    This is what docs/sandbox.md's table says and what the hostile tests assert.
     """
     options = options or PoolOptions()
-    uid = code_uid(options, backend)
-    root = os.geteuid() == 0
-    drop = uid is not None
-    c: dict[str, tuple[str, str]] = {
-        "infinite_loop": ("yes", "wall-clock timeout and RLIMIT_CPU; the zygote kills the process group"),
-        "memory": ("yes", "RLIMIT_AS on each run"),
-        "file_size": ("yes", "RLIMIT_FSIZE on each run"),
-        "output_flood": ("yes", "the zygote stops reading at the output limit and kills the run"),
-        "leftover_process": ("yes", "the zygote is a child subreaper: every descendant is killed after the run"),
-        "close_stdout": ("yes", "the zygote waits for the process, not for end of file"),
-    }
-    nproc_ok = drop or not root
-    c["fork_bomb"] = ("yes", "RLIMIT_NPROC (the code runs as a non-root uid) and the leftover kill") if nproc_ok \
-        else ("no", "code running as root is exempt from RLIMIT_NPROC; only the timeout stops it")
+    root = os.geteuid() == 0 if root is None else root
     if backend == "bwrap":
-        c["read_host_files"] = ("yes", "only /usr, the Python prefix and named ro_binds are mounted")
-        c["write_outside"] = ("yes", "everything but the working dir and a private /tmp is read-only")
-        c["network"] = ("yes", "own network namespace (--unshare-net): no interfaces but a down loopback")
-        c["kill_processes"] = ("yes", "own PID namespace: nothing outside the sandbox is visible"
-                               + ("; the zygote is root, the code is not" if drop else ""))
+        isolated = True
+    elif isolated is None:
+        isolated = namespaces_available(backend)
+    Y, P, N = "yes", "partial", "no"
+    same_uid = not root  # an unprivileged worker's code runs as the worker's uid (in a user namespace)
+    c: dict[str, tuple[str, str]] = {
+        "infinite_loop": (Y, "wall-clock timeout and RLIMIT_CPU; the zygote kills the process group"),
+        "ignore_sigterm": (Y, "the zygote sends SIGKILL, which cannot be ignored"),
+        "memory": (Y, "RLIMIT_AS on each run"),
+        "file_size": (Y, "RLIMIT_FSIZE on each run"),
+        "fd_flood": (Y, "RLIMIT_NOFILE on each run; every descriptor dies with the run"),
+        "output_flood": (Y, "the zygote stops reading at the output limit and kills the run"),
+        "binary_output": (Y, "output travels as bytes (base64) and is decoded with replacement"),
+        "raise_limits": (Y, "hard rlimits cannot be raised without CAP_SYS_RESOURCE, which the code lacks"),
+        "privileges": (Y, "no capabilities, no_new_privs (setuid binaries do not elevate)"
+                       + (", uid 65534, never root" if root else ", the worker's uid in a user namespace")),
+        "leftover_process": (Y, "every descendant of the zygote is killed after the run"),
+        "close_stdout": (Y, "the zygote waits for the process, not for end of file"),
+        "fd_leak": (Y, "the child closes every descriptor but 0-2 and its status pipe (3)"),
+        "env_leak": (Y, "the code's environment is built from scratch; the zygote started with PATH and LANG only"),
+        "snapshot_symlink": (Y, "a snapshot with a link out is refused before the source removes anything"),
+    }
+    nproc = "RLIMIT_NPROC" + (" (uid 65534: shared by all sandboxes of the node)" if root else
+                              " (counted in the sandbox's user namespace)" if isolated else
+                              " over the worker uid's own tasks")
+    c["fork_bomb"] = (Y, f"{nproc} and the leftover kill")
+    c["fork_bomb_libc"] = (Y, f"{nproc}: the kernel counts libc's fork too")
+    if isolated:
+        c["file_flood"] = (Y, "the working dir, /tmp and /dev/shm are one tmpfs with work_files inodes: file_limit")
+        c["disk_fill"] = (Y, "one tmpfs of work_bytes for all writable places: file_limit")
+        c["persist_writable"] = (Y, "each action gets a fresh tmpfs for /tmp, /dev/shm and the working dir; "
+                                 "everything else is read-only")
+        c["write_outside"] = (Y, "every mount but the action's tmpfs is read-only")
+        c["network"] = (Y, "own network namespace: only a down loopback")
+        c["kill_processes"] = (Y, "own PID namespace, the zygote is its PID 1: nothing else is visible")
+        c["proc_worker"] = (Y, "own PID namespace and /proc: the worker's command line and environment "
+                            "are not there")
     else:
-        if drop:
-            c["read_host_files"] = ("partial", f"the code runs as uid {uid}: files the permissions deny to it "
-                                    "(/etc/shadow, 0600 files) are hidden, world-readable files are not")
-            c["write_outside"] = ("partial", f"uid {uid} cannot write the worker's files, but can write "
-                                  "world-writable dirs such as /tmp and /dev/shm")
-            c["kill_processes"] = ("partial", f"uid {uid} cannot signal the worker or the zygote, but can "
-                                   "signal other sandboxes' code running as the same uid")
-        else:
-            c["read_host_files"] = ("no", "the code runs as the worker's uid and can read what the worker can")
-            c["write_outside"] = ("no", "the code runs as the worker's uid and can write what the worker can")
-            c["kill_processes"] = ("no", "the code runs as the worker's uid and can signal the worker")
-        if net_isolated is None:
-            net_isolated = root
-        c["network"] = ("yes", "the zygote made its own network namespace (unshare(CLONE_NEWNET))") \
-            if net_isolated else ("no", "no network namespace (unshare not permitted): the code can connect")
+        c["file_flood"] = (N, "no mount namespace: the working dir is a host dir without an inode quota")
+        c["disk_fill"] = (N, "no mount namespace: only RLIMIT_FSIZE per file")
+        c["persist_writable"] = (N, "no mount namespace: /tmp and /dev/shm are the host's")
+        c["write_outside"] = (N, "no mount namespace: the code can write whatever the worker's uid can")
+        c["network"] = (N, "no network namespace: the code can connect")
+        c["kill_processes"] = (N, "no PID namespace: the code can signal the worker (same uid)")
+        c["proc_worker"] = (N, "no PID namespace: the worker's /proc (command line, environment) is readable")
+    if backend == "bwrap":
+        c["read_host_files"] = (Y, "only /usr, the Python prefix and named ro_binds are mounted")
+    elif root:
+        c["read_host_files"] = (P, "the code runs as uid 65534: files the permissions deny to it "
+                                "(/etc/shadow, 0600 files) are closed, world-readable files are not")
+    else:
+        c["read_host_files"] = (N, "the code runs as the worker's uid and sees the host's files: it can "
+                                "read what the worker can")
     return {t: Containment(t, *c[t]) for t in THREATS}

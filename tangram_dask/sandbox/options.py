@@ -36,7 +36,11 @@ def _positive(name: str, value: object, *, integer: bool = False, optional: bool
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one action may use. ``cpu_s=None`` means ``timeout_s`` times its units."""
+    """What one action may use. ``cpu_s=None`` means ``timeout_s`` times its units.
+
+    ``work_bytes`` and ``work_files`` bound the action's writable places together
+    (working dir, /tmp, /dev/shm: one tmpfs), where the sandbox has a mount namespace.
+    """
 
     timeout_s: float = 10.0
     cpu_s: float | None = None
@@ -45,11 +49,14 @@ class Limits:
     file_bytes: int = 64 * MiB
     procs: int = 64
     open_files: int = 256
+    work_bytes: int = 256 * MiB
+    work_files: int = 20_000
 
     def __post_init__(self) -> None:
         _positive("timeout_s", self.timeout_s)
         _positive("cpu_s", self.cpu_s, optional=True)
-        for name in ("memory_bytes", "output_bytes", "file_bytes", "procs", "open_files"):
+        for name in ("memory_bytes", "output_bytes", "file_bytes", "procs", "open_files", "work_bytes",
+                     "work_files"):
             _positive(name, getattr(self, name), integer=True)
         if self.memory_bytes < 64 * MiB:
             raise _bad("memory_bytes", self.memory_bytes,
@@ -74,7 +81,11 @@ class PoolOptions:
     as when the worker is root ("auto": 65534, nobody; None: the worker's own).
     ``root``: the directory holding the sandboxes' dirs (None: the worker's local
     directory, or a temporary one). ``preload``: modules the warm interpreter
-    imports once, so forked actions have them already.
+    imports once, so forked actions have them already. ``strict``: refuse to start
+    a sandbox that cannot give each action fresh writable places (the process
+    backend without namespaces). ``cgroup``: a delegated cgroup v2 dir (no
+    processes in it) under which each sandbox gets its own cgroup with
+    ``memory.max``, ``pids.max`` and ``cpu.max`` (None: rlimits only).
     """
 
     backend: str = "auto"
@@ -89,6 +100,8 @@ class PoolOptions:
     preload: tuple[str, ...] = ()
     ro_binds: tuple[str, ...] = ()
     start_timeout_s: float = 30.0
+    strict: bool = False
+    cgroup: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -108,6 +121,10 @@ class PoolOptions:
         if not isinstance(self.ro_binds, tuple) or not all(isinstance(p, str) and p.startswith("/")
                                                           for p in self.ro_binds):
             raise _bad("ro_binds", self.ro_binds, "must be a tuple of absolute paths")
+        if not isinstance(self.strict, bool):
+            raise _bad("strict", self.strict, "must be True or False")
+        if self.cgroup is not None and not (isinstance(self.cgroup, str) and self.cgroup.startswith("/")):
+            raise _bad("cgroup", self.cgroup, "must be None or the absolute path of a delegated cgroup v2 dir")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "PoolOptions":

@@ -17,7 +17,8 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-from .api import PLUGIN_NAME, TAKE_HANDLER
+from ..dashboard import install_worker
+from .api import DROP_HANDLER, PLUGIN_NAME, TAKE_HANDLER
 from .options import PoolOptions
 from .pool import SandboxPool
 
@@ -45,15 +46,24 @@ class SandboxPlugin(WorkerPlugin):
         self.pool = SandboxPool(replace(self.options, size=max(1, size), root=root))
         await asyncio.to_thread(self.pool.start)
         worker.handlers[TAKE_HANDLER] = self._take
+        worker.handlers[DROP_HANDLER] = self._drop
+        install_worker(worker, self)  # the pool on the Tangram dashboard page and the worker's /metrics
 
     async def _take(self, trajectory: str) -> bytes | None:
-        """Another worker takes over a trajectory the scheduler moved: its dir, removed here."""
+        """Another worker takes over a trajectory the scheduler moved: a snapshot of its dir.
+
+        The dir stays here until that worker confirms the restore (:meth:`_drop`); a
+        snapshot no restore would accept raises here, before anything is removed.
+        """
         pool = self.pool
         if pool is None or not pool.has_trajectory(trajectory):
             return None
-        data = await asyncio.to_thread(pool.snapshot_trajectory, trajectory)
-        await asyncio.to_thread(pool.end_trajectory, trajectory)
-        return data
+        return await asyncio.to_thread(pool.snapshot_trajectory, trajectory)
+
+    async def _drop(self, trajectory: str) -> bool:
+        """The destination restored the trajectory: remove it here."""
+        pool = self.pool
+        return pool is not None and await asyncio.to_thread(pool.end_trajectory, trajectory)
 
     async def teardown(self, worker: Any) -> None:
         pool, self.pool = self.pool, None

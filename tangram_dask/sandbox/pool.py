@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from ..errors import SandboxError
-from .backends import Sandbox, choose_backend, code_uid, containment
+from .backends import Sandbox, choose_backend, code_uid, containment, namespaces_available
 from .options import Limits, PoolOptions
 from .result import RunResult
 from .workspace import Workspaces
@@ -71,24 +71,17 @@ class Lease:
     def units(self) -> int:
         return len(self.cpus)
 
-    def write_files(self, files: Mapping[str, str | bytes]) -> None:
-        """Write files into the working dir (paths relative to it)."""
-        box = self.sandbox
+    @staticmethod
+    def _checked_files(files: Mapping[str, str | bytes]) -> dict[str, bytes]:
+        """Files for the working dir (paths relative to it), checked here, written by the sandbox."""
+        out = {}
         for rel, content in files.items():
             p = PurePosixPath(rel)
             if p.is_absolute() or not p.parts or ".." in p.parts:
                 raise SandboxError(f"file name {rel!r}: must be a relative path inside the working dir "
                                    "(no leading '/', no '..')")
-            target = box.work.joinpath(*p.parts)
-            for parent in reversed(target.relative_to(box.work).parents):
-                d = box.work / parent
-                if not d.exists():
-                    d.mkdir()
-                    self.pool._chown(d)
-            data = content.encode() if isinstance(content, str) else bytes(content)
-            with open(target, "wb") as f:
-                f.write(data)
-            self.pool._chown(target)
+            out[str(p)] = content.encode() if isinstance(content, str) else bytes(content)
+        return out
 
     def run(self, *, code: str | None = None, argv: list[str] | None = None, stdin: str | bytes | None = None,
             files: Mapping[str, str | bytes] | None = None, env: Mapping[str, str] | None = None,
@@ -101,11 +94,11 @@ class Lease:
         if argv is not None and (not isinstance(argv, (list, tuple)) or not argv
                                  or not all(isinstance(a, str) for a in argv)):
             raise SandboxError(f"command {argv!r}: must be a non-empty list of strings, e.g. ['pytest', '-x']")
-        if files:
-            self.write_files(files)
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        req = {"code": code, "argv": list(argv) if argv is not None else None, "stdin": data, "env": dict(env or {})}
-        return self.sandbox.run(req, limits or self.pool.options.limits, self.cpus)
+        req = {"code": code, "argv": list(argv) if argv is not None else None, "stdin": data,
+               "env": dict(env or {}), "files": self._checked_files(files or {})}
+        return self.sandbox.run(req, limits or self.pool.options.limits, self.cpus,
+                                stateful=self.trajectory is not None)
 
     def release(self) -> None:
         if not self._released:
@@ -163,10 +156,14 @@ class SandboxPool:
             self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
         (self.root / "boxes").mkdir(exist_ok=True, mode=0o711)
-        uid = code_uid(self.options, self.backend.name)
+        uid = code_uid(self.options, self.backend.name)  # raises now, naming the fix, rather than on every start
+        if self.options.strict and not namespaces_available(self.backend.name):
+            raise SandboxError(f"sandbox option strict=True: the {self.backend.name} backend has no mount "
+                               "namespace here, so actions could leave files in /tmp or /dev/shm for the next; "
+                               "allow unprivileged user namespaces, run the worker as root, or install bubblewrap")
         self.workspaces = Workspaces(self.root / "trajectories", uid, self.options.trajectory_ttl_s)
         self._uid = uid
-        threats = containment(self.backend.name, self.options)
+        threats = containment(self.backend.name, self.options, isolated=namespaces_available(self.backend.name))
         weak = [f"{c.threat} ({c.level}: {c.why})" for c in threats.values() if not c.contained]
         logger.info("tangram sandbox pool: backend=%s size=%d max_starting=%d code uid=%s root=%s",
                     self.backend.name, self.size, self.options.max_starting,
@@ -369,10 +366,6 @@ class SandboxPool:
         for c in chosen:
             self._cpu_load[c] += 1
         return tuple(sorted(chosen))
-
-    def _chown(self, p: Path) -> None:
-        if self._uid is not None:
-            os.lchown(p, self._uid, self._uid)
 
     def _starter(self) -> None:
         interval = min(60.0, self.options.trajectory_ttl_s / 4)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import posixpath
 import re
 import shutil
 import tarfile
@@ -95,25 +96,42 @@ class Workspaces:
 
     # -- moving and ending ------------------------------------------------------
     def snapshot(self, trajectory: str) -> bytes:
-        """The trajectory's dir as tar.gz bytes (empty archive if it has none here)."""
+        """The trajectory's dir as tar.gz bytes; :class:`SandboxError` if it has none here.
+
+        The dir stays here. A dir that no restore would accept (a link pointing out of
+        it, a device) is refused now, with :class:`SandboxError`, before anyone removes
+        anything: the trajectory keeps its files on this node.
+        """
         with self._lock(trajectory):
             src = self.path(trajectory)
+            if not src.is_dir():  # an empty snapshot restored elsewhere would wipe the real dir there
+                raise SandboxError(f"trajectory {trajectory!r} has no working dir on this node; snapshot it "
+                                   "where its actions ran")
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-                if src.is_dir():
-                    tar.add(src, arcname=".", recursive=True)  # symlinks are stored as links, not followed
-            return buf.getvalue()
+                tar.add(src, arcname=".", recursive=True)  # symlinks are stored as links, not followed
+            data = buf.getvalue()
+        try:
+            check_snapshot(data)
+        except SandboxError as e:
+            raise SandboxError(f"trajectory {trajectory!r} cannot move: {e}; its working dir stays on this "
+                               "node") from None
+        return data
 
     def restore(self, trajectory: str, data: bytes) -> None:
-        """Replace the trajectory's dir with a snapshot (from another node)."""
+        """Replace the trajectory's dir with a snapshot (from another node); a bad one changes nothing."""
+        try:
+            members = check_snapshot(data)
+        except SandboxError as e:
+            raise SandboxError(f"trajectory {trajectory!r}: the snapshot cannot be restored ({e}); "
+                               "pass bytes made by snapshot_trajectory") from None
         with self._lock(trajectory):
             dst = self.path(trajectory)
             tmp = dst.with_name(dst.name + ".restore")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True, mode=0o700)
             try:
-                with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                    tar.extractall(tmp, filter="data")  # no absolute paths, no links out, no devices
+                _extract(data, members, tmp)
             except (tarfile.TarError, OSError, EOFError) as e:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise SandboxError(f"trajectory {trajectory!r}: the snapshot cannot be restored ({e}); "
@@ -160,3 +178,82 @@ class Workspaces:
     def _chown(self, p: Path) -> None:
         if self.uid is not None:
             os.lchown(p, self.uid, self.uid)
+
+
+def check_snapshot(data: bytes) -> list[tarfile.TarInfo]:
+    """The members of a snapshot, if every one stays inside it; else :class:`SandboxError` naming it.
+
+    Allowed: dirs, regular files, hard links to earlier files, symlinks whose target
+    (relative) stays inside. Refused: absolute or ``..`` names, members under a
+    symlink, links out, devices, fifos. Works on every Python 3.11 (no
+    ``extractall(filter=...)``, which 3.11.2 lacks).
+    """
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise SandboxError(f"not a snapshot: {e}") from None
+    links: set[str] = set()
+    files: set[str] = set()
+    out = []
+    for m in members:
+        name = _inside(m.name)
+        if name is None:
+            raise SandboxError(f"member {m.name!r} is outside the dir")
+        if any("/".join(name.split("/")[:i]) in links for i in range(1, name.count("/") + 1)):
+            raise SandboxError(f"member {m.name!r} lies under a symlink")
+        if m.issym():
+            target = m.linkname
+            if target.startswith("/") or _inside(posixpath.join(posixpath.dirname(name), target)) is None:
+                raise SandboxError(f"symlink {m.name!r} -> {target!r} points out of the dir")
+            links.add(name)
+        elif m.islnk():
+            if _inside(m.linkname) not in files:
+                raise SandboxError(f"hard link {m.name!r} -> {m.linkname!r} does not name a file of the dir")
+        elif m.isreg():
+            files.add(name)
+        elif not m.isdir():
+            raise SandboxError(f"member {m.name!r} is a device, fifo or other special file")
+        out.append(m)
+    return out
+
+
+def _inside(name: str) -> str | None:
+    """``name`` normalised relative to the dir ('' for the dir itself), or None if it leaves it."""
+    if name.startswith("/"):
+        return None
+    norm = posixpath.normpath(name)
+    if norm == ".":
+        return ""
+    if norm == ".." or norm.startswith("../"):
+        return None
+    return norm
+
+
+def _extract(data: bytes, members: list[tarfile.TarInfo], root: Path) -> None:
+    """Write checked members under ``root``: never following a link, modes without setuid bits."""
+    dirs = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in members:
+            name = _inside(m.name)
+            assert name is not None
+            path = root / name if name else root
+            if m.isdir():
+                path.mkdir(parents=True, exist_ok=True)
+                dirs.append((path, m.mode & 0o777))
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if m.issym():
+                os.symlink(m.linkname, path)
+            elif m.islnk():
+                os.link(root / _inside(m.linkname), path, follow_symlinks=False)  # type: ignore[operator]
+            else:
+                src = tar.extractfile(m)
+                assert src is not None
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with src, os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.chmod(path, m.mode & 0o777)
+                os.utime(path, (m.mtime, m.mtime))
+    for path, mode in reversed(dirs):
+        os.chmod(path, mode | 0o700)
