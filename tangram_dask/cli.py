@@ -1,44 +1,130 @@
-"""``tangram-dask``: the command line (also ``dask tangram ...`` through ``dask_cli``).
+"""The command line: one click group, ``tangram-dask ...`` and ``dask tangram ...`` alike.
 
-    tangram-dask bench WORKLOAD CLUSTER [--policy tangram,fifo,static] [--parity] [--json]
+    tangram-dask bench WORKLOAD CLUSTER [--policy tangram,fifo,static] [--parity] [--json] [--audit]
     tangram-dask bench --live WORKLOAD CLUSTER [--time-scale S]
+    dask tangram bench ...              # the same group, through dask's ``dask_cli`` entry point
+
+Exit status: 0 on success; 2 when the caller can fix it (a bad option or
+argument, a missing or malformed workload or cluster file, any
+:class:`~tangram_dask.errors.TangramError`), with ``Error: ...`` on stderr.
+
+Adding a subcommand: define a ``click.Command`` in its own module and either
+name it in :data:`LAZY_COMMANDS` (imported only when used or listed, so a
+heavy dependency does not slow every command) or call
+``cli.add_command(command)``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import sys
 import time
+from importlib import import_module
 from typing import Any, Sequence
+
+import click
 
 from .errors import TangramError
 
 PROGRESS_MIN_ACTIONS = 100_000
+PROG = "tangram-dask"
+
+#: Subcommands defined in other modules, imported on first use: name -> "module:attribute".
+LAZY_COMMANDS: dict[str, str] = {}
 
 
-def _options(pairs: Sequence[str]) -> Any:
+class InputError(click.ClickException):
+    """Bad input the caller can fix (a file, a value): exit status 2, like click's usage errors."""
+
+    exit_code = 2
+
+
+class TangramGroup(click.Group):
+    """A click group that loads :data:`LAZY_COMMANDS` on demand and turns TangramError into exit status 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is None and name in LAZY_COMMANDS:
+            module, _, attr = LAZY_COMMANDS[name].partition(":")
+            cmd = getattr(import_module(module), attr)
+            self.add_command(cmd, name)
+        return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TangramError as e:
+            raise InputError(str(e)) from e
+
+
+@click.group(name="tangram", cls=TangramGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tangram-dask", prog_name=PROG)
+def cli() -> None:
+    """Action-level elastic scheduling of agentic-RL external work on Dask."""
+
+
+#: What ``dask tangram`` runs (the ``dask_cli`` entry point in pyproject.toml): the same group.
+dask_cli = cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``tangram-dask``: run the group, return the exit status (0, or 2 for errors the caller can fix)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rv = cli.main(args=args, prog_name=PROG, standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:  # --help, --version
+        return e.exit_code
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    return rv if isinstance(rv, int) else 0
+
+
+# -- bench ------------------------------------------------------------------------------------
+def _policies(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    from .policy import POLICY_NAMES
+
+    names = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not names:
+        raise click.BadParameter(f"{value!r}: name at least one of {', '.join(POLICY_NAMES)}")
+    bad = [p for p in names if p not in POLICY_NAMES]
+    if bad:
+        raise click.BadParameter(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICY_NAMES)}")
+    return names
+
+
+def _options(ctx: click.Context, param: click.Parameter, pairs: Sequence[str]) -> Any:
+    """``-o KEY=VALUE`` pairs as TangramOptions (None when none is given)."""
     from .policy import TangramOptions
 
     fields = TangramOptions.__dataclass_fields__
-    kw = {}
+    kw: dict[str, float] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in fields:
-            raise SystemExit(f"--option {pair!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
         try:
             kw[key] = float(value)
         except ValueError:
-            raise SystemExit(f"--option {pair!r}: {value!r} is not a number") from None
+            raise click.BadParameter(f"{pair!r}: {value!r} is not a number") from None
+        if not math.isfinite(kw[key]):
+            raise click.BadParameter(f"{pair!r}: {value!r} is not a finite number")
     return TangramOptions(**kw) if kw else None
 
 
 class Progress:
     """A progress bar on stderr for long runs: redrawn in place on a terminal, every 10% otherwise."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
         self.last: dict[str, int] = {}
         self.t0 = time.perf_counter()
 
@@ -85,77 +171,47 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cmd_bench(a: argparse.Namespace) -> int:
+@cli.command()
+@click.argument("workload")
+@click.argument("cluster")
+@click.option("--policy", "policies", default="tangram,fifo,static", show_default=True, callback=_policies,
+              help="Comma-separated policies to run: tangram, fifo, static.")
+@click.option("--parity", is_flag=True, help="Also find capacity_for_parity for tangram.")
+@click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON keys, one object per policy.")
+@click.option("--audit", is_flag=True, help="Check every decision against an independent ledger.")
+@click.option("--time-policy", is_flag=True, help="Measure the policy's cost per decision.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on long runs.")
+@click.option("--live", is_flag=True, help="Run on a real Dask LocalCluster instead of simulating.")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True,
+              help="Live: wall seconds per workload second.")
+@click.option("-o", "--option", "options", multiple=True, callback=_options, metavar="KEY=VALUE",
+              help="A tangram policy option (repeatable), e.g. -o admission=0.")
+def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, as_json: bool, audit: bool,
+          time_policy: bool, no_progress: bool, live: bool, time_scale: float, options: Any) -> int:
+    """Simulate (or run --live) one RL step of WORKLOAD on CLUSTER under each policy.
+
+    WORKLOAD and CLUSTER are files in the format of resources/bench/WORKLOAD.md.
+    """
     from .cluster import load_cluster
     from .workload import load_workload
 
-    policies = tuple(p.strip() for p in a.policy.split(",") if p.strip())
-    from .policy import POLICY_NAMES
+    wl = load_workload(workload)
+    cl = load_cluster(cluster)
+    if live:
+        from .live import run_live
 
-    bad = [p for p in policies if p not in POLICY_NAMES]
-    if bad:
-        raise SystemExit(f"--policy: unknown policy {bad[0]!r}; choose from {', '.join(POLICY_NAMES)}")
-    workload = load_workload(a.workload)
-    cluster = load_cluster(a.cluster)
-    options = _options(a.option)
-    if a.live:
-        try:
-            from .live import run_live
-        except ImportError as e:  # pragma: no cover - live module ships with the package
-            raise SystemExit(f"--live needs tangram_dask.live: {e}")
-        results = run_live(workload, cluster, policies=policies, time_scale=a.time_scale, options=options)
+        results = run_live(wl, cl, policies=policies, time_scale=time_scale, options=options)
     else:
         from .bench import run
 
-        progress = None if a.no_progress else Progress()
-        results = run(workload, cluster, policies, with_parity=a.parity, audit=a.audit, progress=progress,
-                      time_policy=a.time_policy, options=options)
-    if a.json:
-        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+        progress = None if no_progress else Progress()
+        results = run(wl, cl, policies, with_parity=parity, audit=audit, progress=progress,
+                      time_policy=time_policy, options=options)
+    if as_json:
+        click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2))
     else:
-        print(format_table(results))
+        click.echo(format_table(results))
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tangram-dask", description="Action-level elastic scheduling for agentic RL on Dask")
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="simulate (or run live) a workload file on a cluster file")
-    b.add_argument("workload", help="workload file (format v1, see resources/bench/WORKLOAD.md)")
-    b.add_argument("cluster", help="cluster file (format v1)")
-    b.add_argument("--policy", default="tangram,fifo,static", help="comma-separated: tangram,fifo,static")
-    b.add_argument("--parity", action="store_true", help="also find capacity_for_parity for tangram")
-    b.add_argument("--json", action="store_true", help="print the contract's JSON keys, one object per policy")
-    b.add_argument("--audit", action="store_true", help="check every decision against an independent ledger")
-    b.add_argument("--time-policy", action="store_true", help="measure the policy's cost per decision")
-    b.add_argument("--no-progress", action="store_true", help="no progress bar on long runs")
-    b.add_argument("--live", action="store_true", help="run on a real Dask LocalCluster instead of simulating")
-    b.add_argument("--time-scale", type=float, default=0.05, help="live: wall seconds per workload second")
-    b.add_argument("-o", "--option", action="append", default=[], help="tangram option KEY=VALUE (repeatable)")
-    b.set_defaults(func=cmd_bench)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except TangramError as e:
-        print(f"tangram-dask: error: {e}", file=sys.stderr)
-        return 2
-
-
-try:
-    import click
-
-    @click.command(name="tangram", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                                      "help_option_names": []})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def dask_cli(args: tuple[str, ...]) -> None:
-        """tangram-dask commands (``dask tangram bench ...``)."""
-        sys.exit(main(list(args)))
-except ImportError:  # pragma: no cover - click comes with dask
-    dask_cli = None
 
 
 if __name__ == "__main__":

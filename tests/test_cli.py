@@ -1,17 +1,24 @@
-"""``tangram-dask bench``: the contract's JSON keys, the table, and clear errors with exit status 2."""
+"""The command line: one click group behind ``tangram-dask`` and ``dask tangram``.
+
+``bench``: the contract's JSON keys, the table, and clear errors with exit status 2 (usage errors,
+bad -o KEY=VALUE, missing or malformed files), the same both ways.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
+import click
 import pytest
 import yaml
+from click.testing import CliRunner
 from conftest import kind, make_cluster, make_workload
 
-from tangram_dask import FileFormatError, cli
+from tangram_dask import cli
 from tangram_dask.bench import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +27,7 @@ LAPTOP = str(ROOT / "resources/bench/cluster-laptop.yaml")
 KEYS = {"act_mean_s", "act_p50_s", "act_p99_s", "by_kind", "ideal_act_mean_s", "step_s", "ideal_step_s",
         "model_loads", "cold_starts", "restores", "utilization"}
 KIND_KEYS = {"act_mean_s", "act_p50_s", "act_p99_s"}
+BIN = Path(sys.executable).parent
 
 
 def _bench(capsys, *args: str) -> tuple[int, str, str]:
@@ -78,8 +86,7 @@ def test_missing_file_exits_2_naming_the_file(capsys, tmp_path):
     missing = str(tmp_path / "nope.yaml")
     code, out, err = _bench(capsys, missing, LAPTOP, "--json")
     assert code == 2 and out == ""
-    assert err.startswith("tangram-dask: error: ")
-    assert f"{missing}: <file>: no such file" in err
+    assert err == f"Error: {missing}: <file>: no such file\n"
 
 
 def test_bad_key_exits_2_naming_the_file_and_key(capsys, tmp_path):
@@ -102,26 +109,182 @@ def test_unknown_cluster_key_exits_2(capsys, tmp_path):
     assert f"{bad}: gpu.nodes[0].groups: sizes [3, 3] must sum to gpus = 4" in err
 
 
-def test_unknown_policy_is_refused():
-    with pytest.raises(SystemExit, match="unknown policy 'lottery'"):
-        cli.main(["bench", SMALL, LAPTOP, "--policy", "lottery"])
+# -- usage errors: exit status 2, click's usage line, the same through both entry points ---------
+# (id, arguments after the command name, words on stderr)
+USAGE_ERRORS = [
+    ("unknown-policy", ["bench", SMALL, LAPTOP, "--policy", "lottery"], "unknown policy 'lottery'"),
+    ("empty-policy", ["bench", SMALL, LAPTOP, "--policy", ","], "name at least one of"),
+    ("unknown-option", ["bench", SMALL, LAPTOP, "--colour"], "No such option '--colour'"),
+    ("missing-workload", ["bench"], "Missing argument 'WORKLOAD'"),
+    ("missing-cluster", ["bench", SMALL], "Missing argument 'CLUSTER'"),
+    ("extra-argument", ["bench", SMALL, LAPTOP, "more"], "Got unexpected extra argument (more)"),
+    ("o-without-equals", ["bench", SMALL, LAPTOP, "-o", "admission"], "expected KEY=VALUE with KEY one of"),
+    ("o-unknown-key", ["bench", SMALL, LAPTOP, "-o", "colour=1"], "'colour=1': expected KEY=VALUE"),
+    ("o-not-a-number", ["bench", SMALL, LAPTOP, "--option", "admission=lots"], "'lots' is not a number"),
+    ("o-not-finite", ["bench", SMALL, LAPTOP, "-o", "aging=nan"], "is not a finite number"),
+    ("time-scale-zero", ["bench", SMALL, LAPTOP, "--live", "--time-scale", "0"], "'--time-scale': 0.0 is not"),
+    ("time-scale-word", ["bench", SMALL, LAPTOP, "--time-scale", "fast"], "'fast' is not a valid float"),
+    ("unknown-command", ["benchmark"], "No such command 'benchmark'"),
+    ("no-command", [], "Commands:\n  bench"),  # click prints the group's help, exit status 2
+]
 
 
-def test_installed_console_script(tmp_path):
-    exe = Path(sys.executable).parent / "tangram-dask"
-    if not exe.exists():
-        pytest.skip(f"no tangram-dask console script beside {sys.executable}")
-    out = subprocess.run([str(exe), "bench", "resources/bench/small.yaml", "resources/bench/cluster-laptop.yaml",
-                          "--json", "--parity"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    results = json.loads(out.stdout)
-    assert [r["policy"] for r in results] == ["tangram", "fifo", "static"]
-    assert all(KEYS <= set(r) for r in results)
+@pytest.mark.parametrize("args, words", [c[1:] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
+def test_usage_errors_exit_2_with_the_usage_line(capsys, args, words):
+    code = cli.main(args)
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    assert words in out.err
+    assert out.err.startswith("Usage: tangram-dask")
+    assert "Error: " in out.err or args == []  # no command: the group's help alone
+
+
+def _dask_root() -> click.Group:
+    """dask's own CLI with every ``dask_cli`` entry point registered, as ``dask`` does it."""
+    from dask.cli import cli as root
+
+    for ep in entry_points(group="dask_cli"):
+        if ep.name == "tangram" and "tangram" not in root.commands:
+            root.add_command(ep.load())  # what `dask` does with each dask_cli entry point
+    return root
+
+
+def test_the_dask_cli_entry_point_is_this_group():
+    eps = {ep.name: ep for ep in entry_points(group="dask_cli")}
+    if "tangram" not in eps:
+        pytest.skip("tangram-dask is not installed (pip install -e .): no dask_cli entry point")
+    assert eps["tangram"].load() is cli.cli
+    assert _dask_root().commands["tangram"] is cli.cli
+
+
+@pytest.mark.parametrize("args, words", [c[1:] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
+def test_usage_errors_are_the_same_under_dask_tangram(args, words):
+    root = _dask_root()
+    if "tangram" not in root.commands:
+        pytest.skip("no dask_cli entry point named tangram (pip install -e .)")
+    res = CliRunner().invoke(root, ["tangram", *args], prog_name="dask")
+    assert res.exit_code == 2, res.output
+    assert words in res.stderr
+    assert res.stderr.startswith("Usage: dask tangram")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["bench", "--help"], ["-h"]], ids=["group", "bench", "short"])
+def test_help_names_the_program_it_was_called_as(capsys, args):
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Usage: tangram-dask")
+    res = CliRunner().invoke(_dask_root(), ["tangram", *args], prog_name="dask")
+    assert res.exit_code == 0 and res.output.startswith("Usage: dask tangram")
+    if "bench" in args:
+        for opt in ("--policy", "--parity", "--json", "--audit", "--time-policy", "--no-progress", "--live",
+                    "--time-scale", "--option"):
+            assert opt in out, opt
+
+
+def test_subcommands_can_be_added_to_the_group(capsys, monkeypatch):
+    @click.command(name="hello")
+    @click.argument("who")
+    def hello(who):
+        click.echo(f"hello {who}")
+
+    # a copy of the group, so the real one stays as it is
+    monkeypatch.setattr(cli, "cli", cli.TangramGroup(name="tangram", commands=dict(cli.cli.commands)))
+    cli.cli.add_command(hello)
+    assert cli.main(["hello", "you"]) == 0
+    assert capsys.readouterr().out == "hello you\n"
+    assert cli.main(["hello"]) == 2  # its usage errors are the group's
+
+
+def test_lazy_subcommands_are_listed_and_loaded_on_use(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "cli", cli.TangramGroup(name="tangram", commands=dict(cli.cli.commands)))
+    monkeypatch.setitem(cli.LAZY_COMMANDS, "lazy-bench", "tangram_dask.cli:bench")
+    assert cli.main(["--help"]) == 0
+    assert "lazy-bench" in capsys.readouterr().out
+    assert cli.main(["lazy-bench", SMALL, LAPTOP, "--policy", "fifo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "fifo"
+
+
+# -- every option reaches what it drives ----------------------------------------------------------
+# (id, extra arguments, where the run goes, keyword arguments it must receive)
+PLUMBING = [
+    ("defaults", [], "sim", dict(policies=("tangram", "fifo", "static"), with_parity=False, audit=False,
+                                 time_policy=False, options=None, progress=True)),
+    ("policy-parity-audit", ["--policy", "tangram,static", "--parity", "--audit"], "sim",
+     dict(policies=("tangram", "static"), with_parity=True, audit=True)),
+    ("time-policy-no-progress", ["--time-policy", "--no-progress"], "sim", dict(time_policy=True, progress=False)),
+    ("options", ["-o", "admission=0", "--option", "aging=2.5"], "sim",
+     dict(options={"admission": 0.0, "aging": 2.5})),
+    ("live", ["--live", "--policy", "fifo", "--time-scale", "0.01", "-o", "price=1"], "live",
+     dict(policies=("fifo",), time_scale=0.01, options={"price": 1.0})),
+    ("live-default-time-scale", ["--live"], "live", dict(time_scale=0.05, options=None)),
+]
+
+
+@pytest.mark.parametrize("extra, where, want", [c[1:] for c in PLUMBING], ids=[c[0] for c in PLUMBING])
+def test_every_option_reaches_the_run(capsys, monkeypatch, extra, where, want):
+    import tangram_dask.bench
+    import tangram_dask.live
+
+    seen = {}
+
+    def fake(workload, cluster, policies=("tangram", "fifo", "static"), **kw):
+        seen.update(kw, where=where, policies=tuple(policies), workload=workload.name, cluster=cluster.name)
+        return [{"policy": p} for p in policies]
+
+    monkeypatch.setattr(tangram_dask.bench, "run", lambda *a, **kw: fake(*a, **kw) if where == "sim" else None)
+    monkeypatch.setattr(tangram_dask.live, "run_live", lambda *a, **kw: fake(*a, **kw) if where == "live" else None)
+    assert cli.main(["bench", SMALL, LAPTOP, "--json", *extra]) == 0
+    assert (seen["where"], seen["workload"], seen["cluster"]) == (where, "small", "laptop")
+    for key, value in want.items():
+        got = seen[key]
+        if key == "options" and value is not None:
+            got = {k: getattr(got, k) for k in value}
+        if key == "progress":
+            got = got is not None
+        assert got == value, key
+    out = json.loads(capsys.readouterr().out)
+    assert out == ([{"policy": p} for p in seen["policies"]] if len(seen["policies"]) > 1 else
+                   {"policy": seen["policies"][0]})
+
+
+def test_audit_and_time_policy_run_for_real(capsys):
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--json", "--policy", "tangram", "--audit", "--time-policy")
+    assert code == 0
+    r = json.loads(out)
+    assert r["policy"] == "tangram" and r["policy_us_per_decision"] > 0 and KEYS <= set(r)
+
+
+def _run(exe: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+ENTRY_POINTS = [("tangram-dask", [str(BIN / "tangram-dask")]), ("dask-tangram", [str(BIN / "dask"), "tangram"])]
+
+
+@pytest.mark.parametrize("exe", [e[1] for e in ENTRY_POINTS], ids=[e[0] for e in ENTRY_POINTS])
+def test_installed_commands_run_and_exit_2_on_errors(exe, tmp_path):
+    if not Path(exe[0]).exists():
+        pytest.skip(f"no {exe[0]} beside {sys.executable}")
+    prog = " ".join(Path(x).name if i == 0 else x for i, x in enumerate(exe))
+    ok = _run(exe, "bench", SMALL, LAPTOP, "--json", "--parity", "--policy", "tangram,fifo")
+    assert ok.returncode == 0, ok.stderr
+    results = json.loads(ok.stdout)
+    assert [r["policy"] for r in results] == ["tangram", "fifo"] and all(KEYS <= set(r) for r in results)
     assert "capacity_for_parity" in results[0]
-    bad = subprocess.run([str(exe), "bench", str(tmp_path / "none.yaml"), "resources/bench/cluster-laptop.yaml"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2
-    assert "none.yaml: <file>: no such file" in bad.stderr
+    bad = _run(exe, "bench", str(tmp_path / "none.yaml"))  # the other errors: in process, both ways, above
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith(f"Usage: {prog} bench [OPTIONS] WORKLOAD CLUSTER"), bad.stderr
+    assert "Missing argument 'CLUSTER'" in bad.stderr
+    if exe[0].endswith("tangram-dask"):
+        missing = _run(exe, "bench", str(tmp_path / "none.yaml"), LAPTOP)
+        assert missing.returncode == 2
+        assert missing.stderr == f"Error: {tmp_path / 'none.yaml'}: <file>: no such file\n"
+
+
+def test_a_missing_file_under_dask_tangram_exits_2(tmp_path):
+    res = CliRunner().invoke(_dask_root(), ["tangram", "bench", str(tmp_path / "none.yaml"), LAPTOP], prog_name="dask")
+    assert res.exit_code == 2
+    assert res.stderr == f"Error: {tmp_path / 'none.yaml'}: <file>: no such file\n"
 
 
 def test_parity_skips_fractions_too_small_to_serve_an_action():
