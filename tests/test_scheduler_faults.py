@@ -127,3 +127,101 @@ def test_install_with_dask_scheduler_preload(tmp_path):
 def _granted() -> tuple[int, str]:
     a = tangram_dask.current_allocation()
     return a.units, a.node
+
+
+# -- bad and oversized input on a live cluster, at the shipped defaults (dispatch-ahead 2) --------------
+def _units_of_this_action() -> int:
+    return tangram_dask.current_allocation().units
+
+
+def _sleep(s: float) -> int:
+    time.sleep(s)
+    return 1
+
+
+@pytest.fixture(scope="module")
+def two_small_workers():
+    plugin = TangramSchedulerPlugin("tangram")  # every option as shipped
+    assert plugin.options.pipeline == 2
+    workers = {"cpu-0": _cpu_worker("cpu-0", 2, 2), "cpu-1": _cpu_worker("cpu-1", 2, 2)}
+    with start_cluster(plugin, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 2)
+        yield client, plugin
+
+
+def _elastic_units(client) -> int:
+    with tangram_dask.action(kind="elastic", resource="cpu", units=(1, 2), speedup=1.0, hint_s=0.01):
+        return client.submit(_units_of_this_action, pure=False).result(timeout=30)
+
+
+@pytest.mark.parametrize("need", [3, 4, 10**6], ids=["slots+1", "slots+ahead", "a million"])
+def test_an_oversized_action_errs_at_once_and_the_others_run(two_small_workers, need):
+    client, plugin = two_small_workers
+    before = _elastic_units(client)
+    with tangram_dask.action(kind="busy", resource="cpu", units=1, hint_s=0.3):
+        busy = [client.submit(_sleep, 0.3, pure=False) for _ in range(4)]
+    with tangram_dask.action(kind="ok", resource="cpu", units=1, hint_s=0.01):
+        first = [client.submit(_sleep, 0.01, pure=False) for _ in range(3)]
+    with tangram_dask.action(kind="wide", resource="cpu", units=need):
+        big = client.submit(_sleep, 0.01, pure=False)
+    with tangram_dask.action(kind="ok", resource="cpu", units=1, hint_s=0.01):
+        later = [client.submit(_sleep, 0.01, pure=False) for _ in range(3)]
+    with pytest.raises(tangram_dask.PlacementError, match=f"asks for {need} sandbox slots on one worker; "
+                                                          "the largest CPU worker has 2 slots"):
+        big.result(timeout=30)
+    assert client.gather(busy + first + later) == [1] * 10
+    assert _elastic_units(client) == before == 2  # elastic sizing as it was
+    assert not plugin.policy.running and plugin.policy.cpu.slots_free == 4
+
+
+def test_timeout_s_errs_the_action_and_frees_its_units(two_small_workers):
+    client, plugin = two_small_workers
+    with tangram_dask.action(kind="stuck", resource="cpu", units=2, timeout_s=0.5):
+        stuck = client.submit(_sleep, 3.0, pure=False)
+    t0 = time.monotonic()
+    with pytest.raises(tangram_dask.PlacementError, match="ran past its timeout_s = 0.5 s"):
+        stuck.result(timeout=30)
+    assert time.monotonic() - t0 < 2.5  # well before the 3 s the action would take
+    assert not any(r.spec.kind == "stuck" for r in plugin.policy.running.values())
+
+
+def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
+    client, plugin = two_small_workers
+    with tangram_dask.action(kind="small", resource="cpu", units=1):
+        futs = [client.submit(_sleep, 0.0, pure=False) for _ in range(5)]
+    client.gather(futs)
+
+    def leftovers(dask_scheduler, keys):
+        p = dask_scheduler.plugins["tangram"]
+        return ([k for k in keys if "grant" in dask_scheduler.tasks[k].annotations["tangram"]],
+                [k for k in keys if k in p.actions])
+
+    grants, records = client.run_on_scheduler(leftovers, keys=[f.key for f in futs])
+    assert grants == [] and records == []
+
+
+def _pid_and_units() -> tuple[int, int]:
+    return os.getpid(), tangram_dask.current_allocation().units
+
+
+def test_a_lost_result_runs_again_through_the_policy():
+    """The record of a finished action is dropped; if its result is lost with its worker, the task
+    comes back to no-worker and is placed again from its annotation."""
+    plugin = TangramSchedulerPlugin("tangram")
+    workers = {"cpu-0": _cpu_worker("cpu-0", 2, 2), "cpu-1": _cpu_worker("cpu-1", 2, 2)}
+    with start_cluster(plugin, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 2)
+        with tangram_dask.action(kind="once", resource="cpu", units=(1, 2), speedup=1.0):
+            fut = client.submit(_pid_and_units, pure=False)
+        pid, units = fut.result(timeout=30)
+        assert fut.key not in plugin.actions
+        os.kill(pid, signal.SIGKILL)  # the worker holding the result dies
+        deadline = time.monotonic() + 30
+        while True:
+            new_pid, new_units = client.submit(lambda x: x, fut, pure=False).result(timeout=30)
+            if new_pid != pid:
+                break
+            assert time.monotonic() < deadline
+        assert new_units >= 1 and plugin.stats.started == 2
