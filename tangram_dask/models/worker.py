@@ -34,6 +34,7 @@ logger = logging.getLogger("tangram_dask.models")
 
 _ARRIVED = frozenset({"waiting", "ready", "constrained", "executing"})
 _ENDED = frozenset({"memory", "error", "released", "forgotten"})
+_RUNNING = frozenset({"executing", "long-running", "cancelled", "resumed"})
 
 
 def cuda_ordinals_ok(facts: Any) -> tuple[bool, str]:
@@ -146,7 +147,11 @@ class WorkerResidency:
     # -- task transitions (the worker plugin's hook, on the event loop) ------------------
     def transition(self, key: Any, start: str, finish: str) -> None:
         if finish in _ENDED:
-            self.residency.unpin(key)
+            # the hook names the state asked for: a running task asked to be released is "cancelled" and its
+            # thread runs on, using its replica, until it returns; it is unpinned on its way out
+            ts = self.worker.state.tasks.get(key)
+            if ts is None or ts.state not in _RUNNING:
+                self.residency.unpin(key)
             return
         if finish not in _ARRIVED or key in self.residency.pins:
             return

