@@ -1,0 +1,27 @@
+"""Tangram's decisions as Dask events.
+
+``emit(scheduler, what, **fields)`` logs ``{"action": "tangram-<what>", **fields}``
+under the topics ``"tangram"`` (``client.get_events("tangram")``,
+``client.subscribe_topic("tangram", handler)``) and ``"all"`` (what the
+dashboard's events page shows, by its ``action`` field). ``what`` is one of
+:data:`KINDS`. Fields must be msgpack-serializable; a task key is sent as its
+string form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The decisions that are logged.
+KINDS = ("placement", "load", "eviction", "rejection", "error")
+TOPIC = "tangram"
+_TOPICS = (TOPIC, "all")
+
+
+def emit(scheduler: Any, what: str, **fields: Any) -> None:
+    """Log one tangram decision on ``scheduler`` (see the module docstring)."""
+    if what not in KINDS:
+        raise ValueError(f"tangram event {what!r}: must be one of {', '.join(KINDS)}")
+    if "key" in fields:
+        fields["key"] = str(fields["key"])
+    scheduler.log_event(list(_TOPICS), {"action": f"tangram-{what}", **fields})

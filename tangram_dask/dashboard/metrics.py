@@ -1,0 +1,210 @@
+"""Prometheus collectors: ``dask_tangram_*`` on the scheduler's and the workers' ``/metrics``.
+
+Dask serves ``/metrics`` from ``prometheus_client``'s process-wide registry. So
+that several schedulers (or workers) in one process do not collide, the
+collectors are not registered one by one: :func:`register` adds one to a
+process-wide :class:`_Hub` (registered in the registry while it holds any
+collector) and :func:`unregister` takes it out. The hub yields each family
+once, with the samples of every live collector; every sample carries a
+``scheduler`` (or ``worker``) label with its server's address.
+
+Scheduler families (all read from :meth:`TangramView.state`):
+
+- ``dask_tangram_actions{state,kind,resource}``: live actions (waiting, pending, running)
+- ``dask_tangram_actions_submitted_total{kind,resource}``, ``dask_tangram_actions_finished_total{kind,resource,outcome}``
+- ``dask_tangram_act_seconds{kind,resource}``: histogram of action completion time (submit to finish)
+- ``dask_tangram_units_capacity|units_in_use|units_free{resource,pool}``; ``dask_tangram_queued_actions{resource,pool}``
+- ``dask_tangram_unplaceable_actions``, ``dask_tangram_admission_queue``
+- ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
+  ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
+  (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
+
+Worker families (from the worker's sandbox pool statistics):
+``dask_tangram_sandbox_size|warm|in_use|starting``, ``dask_tangram_sandbox_starts_total``,
+``dask_tangram_sandbox_recycled_total``, ``dask_tangram_sandbox_failed_starts_total``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import prometheus_client
+from distributed.http.prometheus import PrometheusCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+SUBSYSTEM = "tangram"
+
+
+class TangramSchedulerCollector(PrometheusCollector):
+    """The scheduler's ``dask_tangram_*`` families, from one :class:`~.state.TangramView`."""
+
+    label = "scheduler"
+
+    def __init__(self, scheduler: Any, view: Any):
+        super().__init__(scheduler)
+        self.subsystem = SUBSYSTEM
+        self.view = view
+
+    def address(self) -> str:
+        return str(self.server.address)
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.view.state()
+        L = ["scheduler"]
+        me = self.address()
+        n = self.build_name
+
+        actions = GaugeMetricFamily(n("actions"), "Live tangram actions by state, kind and resource",
+                                    labels=[*L, "state", "kind", "resource"])
+        for a in st["actions"]:
+            actions.add_metric([me, a["state"], a["kind"], a["resource"]], a["count"])
+        yield actions
+
+        totals = st["act"]["totals"]
+        sub = CounterMetricFamily(n("actions_submitted"), "Tangram actions submitted to the policy",
+                                  labels=[*L, "kind", "resource"])
+        fin = CounterMetricFamily(n("actions_finished"), "Tangram actions that left processing, by outcome",
+                                  labels=[*L, "kind", "resource", "outcome"])
+        act = HistogramMetricFamily(n("act_seconds"), "Action completion time, submit to finish (policy seconds)",
+                                    labels=[*L, "kind", "resource"])
+        for kind, t in totals.items():
+            lab = [me, kind, t["resource"]]
+            sub.add_metric(lab, t["submitted"])
+            fin.add_metric([*lab, "ok"], t["finished"])
+            fin.add_metric([*lab, "error"], t["failed"])
+            act.add_metric(lab, [(_le(b), c) for b, c in t["act_buckets"]], sum_value=t["act_sum_s"])
+        yield sub
+        yield fin
+        yield act
+
+        pol = st["policy"]
+        cap = GaugeMetricFamily(n("units_capacity"), "Units of each pool (CPU slots, GPUs, API tokens)",
+                                labels=[*L, "resource", "pool"])
+        use = GaugeMetricFamily(n("units_in_use"), "Units granted to running actions", labels=[*L, "resource", "pool"])
+        free = GaugeMetricFamily(n("units_free"), "Units free now", labels=[*L, "resource", "pool"])
+        queued = GaugeMetricFamily(n("queued_actions"), "Actions waiting in the policy's queue of each pool",
+                                   labels=[*L, "resource", "pool"])
+        for p in pol.get("pools", ()):
+            lab = [me, p["resource"], p["pool"] or p["resource"]]
+            cap.add_metric(lab, p["capacity"])
+            use.add_metric(lab, p["capacity"] - p["free"])
+            free.add_metric(lab, p["free"])
+            queued.add_metric(lab, p["queued"])
+        yield cap
+        yield use
+        yield free
+        yield queued
+        yield _gauge(n("unplaceable_actions"), "Actions no current node can ever hold", L, me,
+                     len(pol.get("unplaceable", ())))
+        yield _gauge(n("admission_queue"), "Trajectories waiting to be admitted", L, me,
+                     pol.get("admission_queue", 0))
+
+        c = st["counters"]
+        yield _counter(n("placements"), "Actions placed by the policy", L, me, c["placements"])
+        yield _counter(n("rejections"), "Actions erred before placement (bad spec, unknown model, no quota)",
+                       L, me, c["rejections"])
+        yield _counter(n("errors"), "Actions that erred while running", L, me, c["errors"])
+        for name, doc, label, values in (
+                ("model_loads", "Model replica loads granted", "model", c["loads"]),
+                ("model_evictions", "Model replicas evicted", "worker", c["evictions"]),
+                ("sandbox_cold_starts", "CPU actions the policy gave a cold sandbox", "worker", c["cold_starts"])):
+            fam = CounterMetricFamily(n(name), doc, labels=[*L, label])
+            for k, v in sorted(values.items()):
+                fam.add_metric([me, k], v)
+            yield fam
+
+
+class TangramWorkerCollector(PrometheusCollector):
+    """A worker's ``dask_tangram_sandbox_*`` families, from its sandbox pool's ``statistics()``."""
+
+    label = "worker"
+
+    def __init__(self, worker: Any, stats: Callable[[], Any]):
+        super().__init__(worker)
+        self.subsystem = SUBSYSTEM
+        self.stats = stats
+
+    def address(self) -> str:
+        return str(self.server.address)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:
+            return
+        L, me, n = ["worker"], self.address(), self.build_name
+        yield _gauge(n("sandbox_size"), "Sandboxes the pool keeps", L, me, s.size)
+        yield _gauge(n("sandbox_warm"), "Sandboxes started and ready (warm)", L, me, s.ready)
+        yield _gauge(n("sandbox_in_use"), "Sandboxes lent to running actions", L, me, s.in_use)
+        yield _gauge(n("sandbox_starting"), "Sandboxes starting now", L, me, s.starting)
+        yield _counter(n("sandbox_starts"), "Sandboxes started", L, me, s.started)
+        yield _counter(n("sandbox_recycled"), "Sandboxes recycled", L, me, s.recycled)
+        yield _counter(n("sandbox_failed_starts"), "Sandbox starts that failed", L, me, s.failed_starts)
+
+
+def _le(b: Any) -> str:
+    return "+Inf" if b == "+Inf" else repr(float(b))
+
+
+def _gauge(name: str, doc: str, labels: list[str], me: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=labels)
+    g.add_metric([me], value)
+    return g
+
+
+def _counter(name: str, doc: str, labels: list[str], me: str, value: float) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=labels)
+    c.add_metric([me], value)
+    return c
+
+
+class _Hub:
+    """One registration in the process-wide registry for every live tangram collector."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.collectors: list[weakref.ref] = []
+        self.registered = False
+
+    def describe(self) -> list[Metric]:  # no names up front: the registry must not call collect() to find them
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            live = [c for c in (r() for r in self.collectors) if c is not None]
+        merged: dict[str, Metric] = {}
+        for c in live:
+            if getattr(c.server, "status", None) is not None and c.server.status.name in ("closing", "closed"):
+                continue
+            for fam in c.collect():
+                m = merged.get(fam.name)
+                if m is None:
+                    merged[fam.name] = fam
+                else:
+                    m.samples.extend(fam.samples)
+        yield from merged.values()
+
+
+_hub = _Hub()
+
+
+def register(collector: PrometheusCollector) -> None:
+    """Export ``collector``'s families on this process's ``/metrics`` (idempotent)."""
+    with _hub.lock:
+        if any(r() is collector for r in _hub.collectors):
+            return
+        _hub.collectors.append(weakref.ref(collector))
+        if not _hub.registered:
+            prometheus_client.REGISTRY.register(_hub)
+            _hub.registered = True
+
+
+def unregister(collector: PrometheusCollector) -> None:
+    """Stop exporting ``collector`` (safe to call twice)."""
+    with _hub.lock:
+        _hub.collectors = [r for r in _hub.collectors if r() is not None and r() is not collector]
+        if not _hub.collectors and _hub.registered:
+            prometheus_client.REGISTRY.unregister(_hub)
+            _hub.registered = False

@@ -1,0 +1,146 @@
+"""One view of a tangram scheduler, as plain data: what the page draws, ``/tangram/state.json``
+serves and the Prometheus collector exports.
+
+It reads only ``plugin.snapshot()`` (the policy's frozen snapshot, the plugin's
+counters and worker declarations), the kind and state of the plugin's action
+records, the :class:`~.monitor.TangramMonitor`'s aggregates and each worker's
+heartbeat metric ``tangram-sandbox``. It never touches the policy's internals.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict
+from typing import Any
+
+from .monitor import TangramMonitor
+
+#: The worker heartbeat metric carrying its sandbox pool's statistics.
+SANDBOX_METRIC = "tangram-sandbox"
+#: Action record states -> the states shown (done and failed ones are counted by the monitor).
+SHOWN_STATES = {"new": "waiting", "pending": "pending", "granted": "running"}
+RESOURCES = ("cpu", "gpu", "api")
+
+
+class TangramView:
+    """Builds :meth:`state` at most once per ``min_interval_s`` (the page and a scraper share it)."""
+
+    def __init__(self, plugin: Any, monitor: TangramMonitor, min_interval_s: float = 0.25,
+                 history: int = 600):
+        self.plugin = plugin
+        self.monitor = monitor
+        self.min_interval_s = min_interval_s
+        self._state: dict[str, Any] | None = None
+        self._at = -math.inf
+        #: (policy time, utilization by resource, admission queue, pending actions), one sample a second at most
+        self.history: deque[tuple[float, dict[str, float], int, int]] = deque(maxlen=history)
+
+    def state(self, fresh: bool = False) -> dict[str, Any]:
+        t = time.monotonic()
+        if fresh or self._state is None or t - self._at >= self.min_interval_s:
+            self._state = self._build()
+            self._at = t
+        return self._state
+
+    # -- building -------------------------------------------------------------------------
+    def _build(self) -> dict[str, Any]:
+        plugin, mon = self.plugin, self.monitor
+        now = plugin.now()
+        snap = plugin.snapshot()
+        nodes = snap.get("nodes")
+        if isinstance(nodes, dict):  # the plugin's worker declarations took the key: NodeStats from the policy
+            workers = nodes
+            node_stats = [asdict(n) for n in plugin.policy.snapshot().nodes] if plugin.policy is not None else []
+        else:
+            workers, node_stats = snap.get("workers") or {}, list(nodes or ())
+        actions = self._actions()
+        util = {}
+        for p in snap.get("pools", ()):
+            if p["pool"] in ("", p["resource"]) and p["resource"] in RESOURCES:
+                cap = p["capacity"]
+                util[p["resource"]] = (cap - p["free"]) / cap if cap > 0 else 0.0
+        pending = sum(v for (_, _, st), v in _flat(actions) if st == "pending")
+        adm = int(snap.get("admission_queue", 0))
+        if not self.history or now - self.history[-1][0] >= 1.0:
+            self.history.append((now, util, adm, pending))
+        c = mon.counters
+        return {
+            "time": now,
+            "wall_time": time.time(),
+            "scheduler": plugin.scheduler.address if plugin.scheduler is not None else "",
+            "policy": snap,
+            "actions": [{"kind": k, "resource": r, "state": s, "count": n} for (k, r, s), n in _flat(actions)],
+            "act": {"windows_s": mon.stats.window_s, "series": mon.stats.series(), "totals": mon.stats.totals()},
+            "counters": {"placements": c.placements, "loads": dict(c.loads), "evictions": dict(c.evictions),
+                         "cold_starts": dict(c.cold_starts), "rejections": c.rejections, "errors": c.errors},
+            "utilization": util,
+            "history": {"t": [h[0] for h in self.history], "utilization": [h[1] for h in self.history],
+                        "admission_queue": [h[2] for h in self.history],
+                        "pending": [h[3] for h in self.history]},
+            "workers": workers,
+            "node_stats": node_stats,
+            "gpus": self._gpus(snap, workers),
+            "sandboxes": self._sandboxes(),
+        }
+
+    def _actions(self) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        for a in list(self.plugin.actions.values()):
+            st = SHOWN_STATES.get(a.state)
+            if st is None:
+                continue
+            spec = a.spec
+            k = (spec.kind, spec.resource, st) if spec is not None else ("malformed", "", st)
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def _gpus(self, snap: dict[str, Any], workers: dict[str, Any]) -> list[dict[str, Any]]:
+        """One row per GPU of every GPU worker: its topology group and the replicas resident on it."""
+        loading: set[tuple[str, int]] = set()
+        for a in list(self.plugin.actions.values()):
+            g = a.grant
+            if a.state == "granted" and g is not None and g.load:
+                loading.update((g.node, i) for i in g.gpus)
+        resident: dict[tuple[str, int], list[tuple[str, bool]]] = {}
+        for model, node, gpus, busy in snap.get("replicas", ()):
+            for i in gpus:
+                resident.setdefault((node, i), []).append((model, bool(busy)))
+        rows = []
+        for addr, decl in workers.items():
+            if not decl.get("gpus"):
+                continue
+            gid, left = 0, list(decl.get("groups") or [decl["gpus"]])
+            for i in range(decl["gpus"]):
+                while left and left[0] == 0:
+                    left.pop(0)
+                    gid += 1
+                if left:
+                    left[0] -= 1
+                reps = resident.get((addr, i), [])
+                if (addr, i) in loading:
+                    state = "loading"
+                elif any(b for _, b in reps):
+                    state = "serving"
+                elif reps:
+                    state = "idle"
+                else:
+                    state = "empty"
+                rows.append({"worker": addr, "gpu": i, "group": gid, "state": state,
+                             "models": [m for m, _ in reps]})
+        return rows
+
+    def _sandboxes(self) -> dict[str, dict[str, Any]]:
+        sched = self.plugin.scheduler
+        out = {}
+        cold = self.monitor.counters.cold_starts
+        for addr, ws in list(sched.workers.items()) if sched is not None else ():
+            m = ws.metrics.get(SANDBOX_METRIC)
+            if isinstance(m, dict):
+                out[addr] = {**m, "cold_starts": cold.get(addr, 0)}
+        return out
+
+
+def _flat(actions: dict[tuple[str, str, str], int]) -> list[tuple[tuple[str, str, str], int]]:
+    return sorted(actions.items())
