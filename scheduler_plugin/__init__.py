@@ -15,6 +15,12 @@ from typing import Any
 
 import click
 
+from tangram_dask.dashboard import register_bokeh_apps
+
+# Preloads are imported before the Scheduler builds its Bokeh server: the Tangram page joins
+# distributed's dashboard applications now, so the server serves it like its own pages.
+register_bokeh_apps()
+
 
 @click.command()
 @click.option("--tangram-policy", default=None, type=click.Choice(["tangram", "fifo"]),
