@@ -1,0 +1,37 @@
+"""``emit``: tangram decisions as Dask events, on a real scheduler (no workers needed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from distributed import Client, Scheduler
+
+from tangram_dask.dashboard import EVENT_KINDS, EVENT_TOPIC, emit
+
+
+def test_emit_logs_under_tangram_and_all_for_the_events_page():
+    async def main() -> None:
+        async with Scheduler(dashboard_address=":0", port=0) as s, \
+                Client(s.address, asynchronous=True) as c:
+            got: list = []
+            c.subscribe_topic(EVENT_TOPIC, got.append)
+            await asyncio.sleep(0.1)
+            emit(s, "placement", key=("work", 3), kind="code_exec", worker="tcp://w:1", units=2, gpus=[])
+            emit(s, "eviction", key="k", worker="tcp://w:2", replicas=[4])
+            tangram = [m for _, m in await c.get_events(EVENT_TOPIC)]
+            assert tangram == [
+                {"action": "tangram-placement", "key": "('work', 3)", "kind": "code_exec", "worker": "tcp://w:1",
+                 "units": 2, "gpus": ()},
+                {"action": "tangram-eviction", "key": "k", "worker": "tcp://w:2", "replicas": (4,)}]  # msgpack: tuples
+            assert [m["action"] for _, m in await c.get_events("all")][-2:] == ["tangram-placement",
+                                                                                 "tangram-eviction"]
+            for _ in range(50):
+                if len(got) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert [m["action"] for _, m in got] == ["tangram-placement", "tangram-eviction"]
+            with pytest.raises(ValueError, match="must be one of placement, load, eviction, rejection, error"):
+                emit(s, "placed")
+    asyncio.run(main())
+    assert EVENT_KINDS == ("placement", "load", "eviction", "rejection", "error")

@@ -1,0 +1,207 @@
+"""``dask_tangram_*`` on the scheduler's and the workers' ``/metrics``, on a real LocalCluster.
+
+Parsed with ``prometheus_client.parser``: every family is present and, with the
+cluster held still (actions waiting on a distributed ``Event`` behind a full
+worker), its values are those of ``/tangram/state.json`` at the same moment.
+Several schedulers in one process export side by side and leave cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import prometheus_client
+import pytest
+from distributed import Client, Event, LocalCluster, Nanny, Scheduler
+from prometheus_client.parser import text_string_to_metric_families
+from tornado.httpclient import AsyncHTTPClient
+
+import tangram_dask
+from tangram_dask.cluster import ModelSpec
+from tangram_dask.dashboard.monitor import ACT_BUCKETS, ActStats
+from tangram_dask.sandbox import SandboxPlugin
+from tangram_dask.scheduler import TangramSchedulerPlugin
+
+SCHEDULER_FAMILIES = {
+    "actions": "gauge", "actions_submitted": "counter", "actions_finished": "counter", "act_seconds": "histogram",
+    "units_capacity": "gauge", "units_in_use": "gauge", "units_free": "gauge", "queued_actions": "gauge",
+    "unplaceable_actions": "gauge", "admission_queue": "gauge", "placements": "counter", "rejections": "counter",
+    "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
+}
+WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
+                   "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",
+                   "sandbox_failed_starts": "counter"}
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("dask_tangram_")}
+
+
+def work(s: float) -> float:
+    time.sleep(s)
+    return s
+
+
+def held(name: str) -> str:
+    Event(name).wait(60)
+    return name
+
+
+@pytest.fixture(scope="module")
+def env():
+    plugin = TangramSchedulerPlugin("tangram", models={"rm-a": ModelSpec("rm-a", 16, 0.0)}, api_tokens=2,
+                                    pipeline=0)
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": 2, "gpu-groups": [2], "gpu-memory-gb": 80}}}
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address="127.0.0.1:0",
+                           scheduler_kwargs={"plugins": [plugin]})
+    cluster.worker_spec.update({
+        "cpu-0": {"cls": Nanny, "options": {"name": "cpu-0", "nthreads": 3, "resources": {"slots": 2},
+                                            "memory_limit": 0, "dashboard_address": "127.0.0.1:0"}},
+        "gpu-0": {"cls": Nanny, "options": {"name": "gpu-0", "nthreads": 2, "resources": {"gpus": 2},
+                                            "config": cfg, "memory_limit": 0, "dashboard_address": "127.0.0.1:0"}}})
+    cluster.sync(cluster._correct_state)
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        client.register_plugin(SandboxPlugin(size=2))
+        deadline = time.monotonic() + 30
+        while len(plugin.nodes) < 2:
+            assert time.monotonic() < deadline, plugin.nodes
+            time.sleep(0.05)
+        yield client, plugin, cluster.dashboard_link.rsplit("/", 1)[0]
+
+
+def test_every_family_matches_state_json_at_the_same_moment(env):
+    client, plugin, url = env
+    with tangram_dask.action(kind="code_exec", resource="cpu", units=1, hint_s=0.05):
+        done = [client.submit(work, 0.05, pure=False) for _ in range(6)]
+    with tangram_dask.action(kind="rm_score", resource="gpu", model="rm-a", units=1, hint_s=0.05):
+        done += [client.submit(work, 0.05, pure=False) for _ in range(3)]
+    with tangram_dask.action(kind="web_search", resource="api", units=1, hint_s=0.05):
+        done += [client.submit(work, 0.05, pure=False) for _ in range(3)]
+    client.gather(done)
+    ev = Event("hold-metrics", client=client)
+    with tangram_dask.action(kind="hold", resource="cpu", units=2, hint_s=1.0):
+        holds = [client.submit(held, "hold-metrics", pure=False) for _ in range(3)]
+    deadline = time.monotonic() + 20
+    while sum(a.state == "pending" for a in list(plugin.actions.values())) != 2 or \
+            sum(a.state == "granted" for a in list(plugin.actions.values())) != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)  # the state is still: one cached build serves both requests below
+    st = json.loads(get(url + "/tangram/state.json"))
+    fams = families(get(url + "/metrics").decode())
+    st2 = json.loads(get(url + "/tangram/state.json"))
+    assert st2["actions"] == st["actions"] and st2["policy"]["pools"] == st["policy"]["pools"]
+    me = st["scheduler"]
+    for name, kind in SCHEDULER_FAMILIES.items():
+        f = fams.get(f"dask_tangram_{name}")
+        assert f is not None and f.type == kind, (name, f)
+
+    def samples(name: str, suffix: str = "") -> dict:
+        return {tuple(sorted((k, v) for k, v in s.labels.items() if k != "scheduler")): s.value
+                for s in fams[f"dask_tangram_{name}"].samples
+                if s.name == f"dask_tangram_{name}{suffix}" and s.labels["scheduler"] == me}
+
+    assert samples("actions") == {(("kind", a["kind"]), ("resource", a["resource"]), ("state", a["state"])):
+                                  a["count"] for a in st["actions"]}
+    assert samples("actions") == {(("kind", "hold"), ("resource", "cpu"), ("state", "pending")): 2,
+                                  (("kind", "hold"), ("resource", "cpu"), ("state", "running")): 1}
+    for p in st["policy"]["pools"]:
+        lab = (("pool", p["pool"] or p["resource"]), ("resource", p["resource"]))
+        assert samples("units_capacity")[lab] == p["capacity"]
+        assert samples("units_free")[lab] == p["free"]
+        assert samples("units_in_use")[lab] == p["capacity"] - p["free"]
+        assert samples("queued_actions")[lab] == p["queued"]
+    cpu = (("pool", "cpu"), ("resource", "cpu"))
+    assert (samples("units_in_use")[cpu], samples("queued_actions")[cpu]) == (2, 2)
+    totals = st["act"]["totals"]
+    for kind, t in totals.items():
+        lab = (("kind", kind), ("resource", t["resource"]))
+        assert samples("act_seconds", "_count")[lab] == t["finished"]
+        assert samples("act_seconds", "_sum")[lab] == pytest.approx(t["act_sum_s"])
+        assert samples("actions_submitted", "_total")[lab] == t["submitted"]
+        assert samples("actions_finished", "_total")[(*lab[:1], ("outcome", "ok"), *lab[1:])] == t["finished"]
+        buckets = {dict(k)["le"]: v for k, v in samples("act_seconds", "_bucket").items() if dict(k)["kind"] == kind}
+        assert len(buckets) == len(ACT_BUCKETS) + 1 and buckets["+Inf"] == t["finished"]
+    assert {k: totals[k]["finished"] for k in ("code_exec", "rm_score", "web_search")} == \
+        {"code_exec": 6, "rm_score": 3, "web_search": 3}
+    c = st["counters"]
+    assert samples("placements", "_total")[()] == c["placements"] >= 13
+    assert samples("admission_queue")[()] == st["policy"]["admission_queue"]
+    assert samples("unplaceable_actions")[()] == len(st["policy"]["unplaceable"])
+    assert samples("model_loads", "_total") == {(("model", m),): v for m, v in c["loads"].items()}
+    ev.set()
+    client.gather(holds)
+
+
+def test_workers_export_their_sandbox_pools(env):
+    client, plugin, url = env
+    info = client.scheduler_info()["workers"]
+    for addr, w in info.items():
+        port = w["services"]["dashboard"]
+        host = addr.split("://")[1].rsplit(":", 1)[0]
+        fams = families(get(f"http://{host}:{port}/metrics").decode())
+        for name, kind in WORKER_FAMILIES.items():
+            f = fams.get(f"dask_tangram_{name}")
+            assert f is not None and f.type == kind, (addr, name)
+            assert [s.labels["worker"] for s in f.samples if not s.name.endswith("_created")] == [addr]
+        assert fams["dask_tangram_sandbox_size"].samples[0].value == 2
+        assert fams["dask_tangram_sandbox_starts"].samples[0].value >= 1
+    st = json.loads(get(url + "/tangram/state.json"))  # the same pools, through the workers' heartbeats
+    deadline = time.monotonic() + 10
+    while len(st["sandboxes"]) < 2:
+        assert time.monotonic() < deadline, st["sandboxes"]
+        time.sleep(0.3)
+        st = json.loads(get(url + "/tangram/state.json"))
+    assert all(s["size"] == 2 for s in st["sandboxes"].values())
+
+
+def test_several_schedulers_in_one_process_do_not_collide():
+    async def main() -> None:
+        http = AsyncHTTPClient()
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0,
+                             plugins=[TangramSchedulerPlugin(api_tokens=3)]) as a, \
+                Scheduler(dashboard_address="127.0.0.1:0", port=0,
+                          plugins=[TangramSchedulerPlugin(api_tokens=5)]) as b:
+            for s in (a, b):
+                text = (await http.fetch(f"http://127.0.0.1:{s.http_server.port}/metrics")).body.decode()
+                free = {x.labels["scheduler"]: x.value for x in families(text)["dask_tangram_units_free"].samples
+                        if x.labels["resource"] == "api"}
+                assert (free[a.address], free[b.address]) == (3, 5)  # (a module's cluster may be there too)
+            await b.close()
+            text = prometheus_client.generate_latest().decode()
+            free = [x.labels["scheduler"] for x in families(text)["dask_tangram_units_free"].samples]
+            assert a.address in free and b.address not in free  # b's collector left with b
+        text = prometheus_client.generate_latest().decode()
+        assert a.address not in text and b.address not in text
+    asyncio.run(main())
+
+
+# -- the aggregator -----------------------------------------------------------------------------------
+def test_act_stats_are_bounded_and_exact_where_they_can_be():
+    s = ActStats(window_s=1.0, windows=3, max_kinds=2)
+    for i in range(100):  # 100 finishes in window [0, 1): ACT 1..100 ms
+        s.submit("a", "cpu")
+        s.finish("a", "cpu", (i + 1) / 1000, now=0.5)
+    ser = s.series()["a"]
+    assert ser["count"] == [100] and ser["mean_s"] == [pytest.approx(0.0505)]
+    assert 0.099 / 1.2 <= ser["p99_s"][0] <= 0.1 * 1.2  # within one fine bucket (ratio 1.2)
+    for t in range(1, 10):
+        s.finish("a", "cpu", 0.2, now=t + 0.5)
+    assert len(s.windows) == 3 and s.series()["a"]["t"] == [7.0, 8.0, 9.0]  # fixed windows, the last 3
+    tot = s.totals()["a"]
+    assert (tot["submitted"], tot["finished"], tot["failed"]) == (100, 109, 0)
+    assert dict((str(le), n) for le, n in tot["act_buckets"])["0.05"] == 50 and tot["act_buckets"][-1] == ["+Inf", 109]
+    s.finish("b", "gpu", 1.0, now=9.5, ok=False)
+    s.finish("c", "api", 1.0, now=9.5)  # a third kind is counted as "other"
+    assert set(s.totals()) == {"a", "b", "other"} and s.totals()["b"]["failed"] == 1
+    with pytest.raises(ValueError):
+        ActStats(window_s=0)
