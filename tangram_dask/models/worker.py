@@ -50,9 +50,9 @@ def cuda_ordinals_ok(facts: Any) -> tuple[bool, str]:
     for pol, k in enumerate(facts.cuda_ordinals):
         if k >= n:
             return False, f"CUDA ordinal {k} of GPU {pol} is past the {n} devices torch sees"
-        uuid = str(getattr(torch.cuda.get_device_properties(k), "uuid", "") or "")
+        uuid = str(getattr(torch.cuda.get_device_properties(k), "uuid", "") or "").lower().removeprefix("gpu-")
         want = facts.declaration.device_uuids[pol]
-        if uuid and want.startswith("GPU-") and want[4:] != uuid:
+        if uuid and want.startswith("GPU-") and want[4:].lower() != uuid:
             return False, f"torch's cuda:{k} is GPU-{uuid}, NVML's GPU {pol} is {want}"
     return True, ""
 
