@@ -50,8 +50,6 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from distributed.diagnostics.plugin import SchedulerPlugin
-
 from .cluster import ModelSpec
 from .policy.types import NodeStats, PoolStats, Shortfall
 
@@ -433,7 +431,7 @@ class DrainStats:
     log: list = field(default_factory=list)
 
 
-class AdaptiveExtension(SchedulerPlugin):
+class AdaptiveExtension:
     """The scheduler side of the elastic pool (a scheduler plugin named ``tangram-adaptive``)."""
 
     name = EXTENSION_NAME
@@ -446,6 +444,9 @@ class AdaptiveExtension(SchedulerPlugin):
         self.stats = DrainStats()
         self._drain_lock = asyncio.Lock()
         self.autoscaled = False
+        #: workers a scaler drained for retirement (address -> expiry, monotonic); while any is
+        #: unexpired, only they are offered (so shrinking one group never retires another's worker)
+        self.reserved: dict[str, float] = {}
 
     # -- reading the world -------------------------------------------------------------------
     def kinds(self) -> tuple[WorkerKind, ...]:
@@ -520,8 +521,15 @@ class AdaptiveExtension(SchedulerPlugin):
                 return not (n.running or n.replicas_needed or n.homes)
         return True
 
+    def _reserved(self) -> set[str]:
+        from time import monotonic
+        now = monotonic()
+        for a in [a for a, t in self.reserved.items() if t < now or a not in self.scheduler.workers]:
+            del self.reserved[a]
+        return set(self.reserved)
+
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-        allowed = set(self.to_close())
+        allowed = self._reserved() or set(self.to_close())
         return [ws for ws in workers if ws.address in allowed and self.safe(ws.address)]
 
     async def drain(self, addrs: Sequence[str] | None = None) -> dict[str, Any]:
@@ -582,7 +590,12 @@ class AdaptiveExtension(SchedulerPlugin):
         if n is not None:
             addrs = addrs[:n]
         out = await self.drain(addrs)
-        out["workers"] = [str(self.scheduler.workers[a].name) for a in addrs if a in self.scheduler.workers]
+        stuck = set(out["stuck"])
+        ready = [a for a in addrs if a in self.scheduler.workers and a not in stuck and self.safe(a)]
+        from time import monotonic
+        for a in ready:  # offered alone to the retirement that follows (the operator's, within a minute)
+            self.reserved[a] = monotonic() + 60.0
+        out["workers"] = [str(self.scheduler.workers[a].name) for a in ready]
         return out
 
     async def handle_retire_workers(self, workers: list[str] | None = None, *, names: list | None = None,
