@@ -1,0 +1,57 @@
+"""The worker plugin's GPU declaration on a real LocalCluster (worker processes, abstract GPUs: no GPU here).
+
+- ``--resources gpus=2`` with ``tangram.worker.gpu-memory-gb`` and no
+  ``tangram.worker.gpus`` declares 2 GPUs, and a GPU action runs on them
+  (before: 0 GPUs declared and the action waited for ever);
+- ``--resources gpus=2`` with no memory anywhere: the worker's log says which
+  key to set (before: ``float(None)`` in the plugin's setup), and the worker
+  declares nothing rather than something wrong.
+"""
+
+from __future__ import annotations
+
+import time
+
+from distributed import Client, LocalCluster, Nanny
+
+import tangram_dask
+from tangram_dask.cluster import ModelSpec
+from tangram_dask.models import register_model, rm_small
+from tangram_dask.scheduler import TangramSchedulerPlugin
+
+
+def worker(name: str, cfg: dict) -> dict:
+    return {"cls": Nanny, "options": {"name": name, "nthreads": 2, "resources": {"gpus": 2},
+                                      "config": {"tangram": {"worker": cfg}}, "memory_limit": 0,
+                                      "dashboard_address": None}}
+
+
+def judge() -> tuple[float, tuple[int, ...]]:
+    rm = tangram_dask.reward_model("rm-small")
+    return rm.score([("x y", "x y")])[0], tangram_dask.current_allocation().gpus
+
+
+def test_resources_gpus_declare_gpus_and_missing_memory_is_named_in_the_log():
+    plugin = TangramSchedulerPlugin("tangram", models={"rm-small": ModelSpec("rm-small", 0.001, 0.1)}, pipeline=0)
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]})
+    cluster.worker_spec["ok"] = worker("ok", {"nvml": False, "gpu-memory-gb": 0.01})
+    cluster.worker_spec["bad"] = worker("bad", {"nvml": False})
+    cluster.sync(cluster._correct_state)
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        deadline = time.monotonic() + 30
+        while not plugin.nodes:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        names = {a: ws.name for a, ws in cluster.scheduler.workers.items()}
+        declared = {names[a]: d for a, d in plugin.nodes.items()}
+        assert set(declared) == {"ok"}
+        assert (declared["ok"].gpus, declared["ok"].source, declared["ok"].gpu_memory_gb) == (2, "resources", 0.01)
+        register_model(client, "rm-small", rm_small(), memory_gb=0.001, load_s=0.1)
+        with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+            score, gpus = client.submit(judge, pure=False).result(timeout=30)
+        assert score > 0.99 and len(gpus) == 1
+        bad = next(a for a, n in names.items() if n == "bad")
+        log = "\n".join(msg for _, msg in client.get_worker_logs(workers=[bad])[bad])
+        assert "Worker plugin tangram failed to setup" in log
+        assert "tangram.worker.gpu-memory-gb" in log and "--resources gpus = 2" in log
