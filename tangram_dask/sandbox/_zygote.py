@@ -97,8 +97,8 @@ def _close_from(lo):
 def _drop_caps():
     """No capability left, in any set (the code of an unprivileged worker runs as the zygote's uid)."""
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    for cap in range(64):
-        if not _prctl(PR_CAPBSET_DROP, cap) and ctypes.get_errno() == errno.EINVAL:
+    for cap in range(64):  # needs CAP_SETPCAP: refused after a uid switch (no_new_privs covers that)
+        if not _prctl(PR_CAPBSET_DROP, cap) and ctypes.get_errno() in (errno.EINVAL, errno.EPERM):
             break
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)
     data = (ctypes.c_uint32 * 6)()
@@ -252,6 +252,9 @@ def _unshare_process():
         e = ctypes.get_errno()
         return f"unshare(user, mount, pid, net) refused: {os.strerror(e)}"
     if flags & CLONE_NEWUSER:
+        # RLIMIT_NPROC now counts this uid's processes in the new user namespace: this one and the
+        # zygote forked below, not the worker's threads
+        CONFIG["nproc_base"] = 2
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
@@ -311,7 +314,8 @@ def _mount_scratch(req):
     area = CONFIG["area"]
     st = "/dev/shm"
     size = int(req.get("work_bytes") or 256 << 20)
-    files = int(req.get("work_files") or 20000) + 8 + 8 * len(TMP_FDS)
+    # exactly work_files for the code: plus the root, the three parts and the keep paths' mount points
+    files = int(req.get("work_files") or 20000) + 4 + len(_keep_dirs())
     # the root is covered at once (by the shm part): its mode only lets the code's uid make the parts
     _mount("tmpfs", st, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes={files},mode=0777")
     uid = CONFIG.get("uid")
@@ -326,6 +330,10 @@ def _mount_scratch(req):
     _mount(os.path.join(st, "shm"), "/dev/shm", None, MS_BIND)
     for p, fd in TMP_FDS.items():
         _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+
+
+def _keep_dirs():
+    return {p[:i] for p in TMP_FDS for i in range(len("/tmp/"), len(p) + 1) if i == len(p) or p[i] == "/"}
 
 
 def _unmount_scratch():
@@ -402,8 +410,9 @@ def _become_code_user():
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
-    elif CONFIG.get("ns"):
-        _drop_caps()
+    if uid is not None or CONFIG.get("ns"):
+        _drop_caps()  # the inheritable set too (setresuid clears only the others)
+    _prctl(PR_SET_DUMPABLE, 1)  # its own /proc/self again (the zygote's is closed)
 
 
 def _save_state():
