@@ -66,6 +66,9 @@ logger = logging.getLogger("tangram_dask.scheduler")
 
 #: The worker address parked actions are restricted to. No worker has it.
 PARK = "tangram://parked"
+#: One restriction set shared by every parked task (Dask replaces restriction sets, never mutates them):
+#: a set per task would cost ~200 bytes for each of 100,000 queued actions.
+PARKED = frozenset({PARK})
 
 # Action states (scheduler side)
 NEW, PENDING, GRANTED, DONE, FAILED = "new", "pending", "granted", "done", "failed"
@@ -146,6 +149,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._admitted: set[str] = set()
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
+        self._restrict: dict[str, frozenset] = {}  # worker -> the shared restriction set naming it
         self.costs = CostModel()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
@@ -246,6 +250,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._kick()
 
     def _leave(self, addr: str) -> list[Hashable]:
+        self._restrict.pop(addr, None)
         decl = self.nodes.pop(addr, None)
         self._cpu_workers.pop(addr, None)
         self._api_workers.pop(addr, None)
@@ -266,7 +271,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             ts = scheduler.tasks.get(key)
             if a is None or ts is None:
                 continue
-            ts.worker_restrictions = {PARK}
+            ts.worker_restrictions = PARKED
             ts.resource_restrictions = None
             if ts.state == "no-worker" and a.spec is not None:
                 self.policy.submit(key, a.spec, now)
@@ -294,7 +299,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                                                   f"{type(e).__name__}: {e}")
             else:
                 actions[key] = Action(spec)
-            ts.worker_restrictions = {PARK}
+            ts.worker_restrictions = PARKED
             ts.loose_restrictions = False
 
     def _record_again(self, key: Hashable) -> Action | None:
@@ -311,7 +316,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             a = Action(parse_annotation(ann))
         except Exception as e:
             a = Action(None, error=f"malformed tangram annotation on task {key!r}: {type(e).__name__}: {e}")
-        ts.worker_restrictions = {PARK}
+        ts.worker_restrictions = PARKED
         ts.loose_restrictions = False
         self.actions[key] = a
         return a
@@ -343,7 +348,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             elif start == "processing":
                 ts = self.scheduler.tasks.get(key)
                 if ts is not None:  # whatever happens next goes through the policy again
-                    ts.worker_restrictions = {PARK}
+                    ts.worker_restrictions = PARKED
                     ts.resource_restrictions = None
                 if a.state == GRANTED:
                     if finish == "memory":
@@ -498,8 +503,15 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             self._api_waiting[key] = None
             self._release_api(key, recs)
         else:
-            ts.worker_restrictions = {worker}
+            ts.worker_restrictions = self._only(worker)
             recs[key] = "processing"
+
+    def _only(self, worker: str) -> frozenset:
+        """The shared restriction set naming one worker."""
+        r = self._restrict.get(worker)
+        if r is None:
+            r = self._restrict[worker] = frozenset((worker,))
+        return r
 
     def _timed_out(self, key: Hashable, grant: Grant) -> None:
         """``timeout_s`` of run time passed (after the grant's setup): the action errs, its units are freed."""
