@@ -27,6 +27,7 @@ MODELS_HANDLER = "tangram_models"
 RESIDENCY_HANDLER = "tangram_residency"  # a worker's stream message: a replica's state changed
 WORKER_MODEL_HANDLER = "tangram_worker_model"  # the scheduler hands a worker a registration
 WORKER_EVICT_HANDLER = "tangram_worker_evict"  # the scheduler asks a worker to evict an idle replica
+WORKER_LOAD_HANDLER = "tangram_worker_load"  # the scheduler asks a worker to load a replica ahead of its actions
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,13 @@ class Grant:
     setup_s: float = 0.0
     device_ids: tuple[int, ...] = ()  # what CUDA_VISIBLE_DEVICES names (= gpus unless NVML reordered)
     restore_from: str = ""  # with restore: the worker that holds the trajectory's state
+
+    @classmethod
+    def of_start(cls, start: Any, worker: str, device_ids: tuple[int, ...], setup_s: float) -> "Grant":
+        """The one place a policy's ``Start`` becomes a grant: resolved to a Dask worker, with the
+        device ids ``CUDA_VISIBLE_DEVICES`` names and the setup the cost model predicts."""
+        return cls(start.units, start.node, worker, tuple(start.gpus), start.replica, start.load, tuple(start.evict),
+                   start.restore, start.cross_group, start.sandbox, setup_s, tuple(device_ids), start.restore_from)
 
     def to_msg(self) -> dict[str, Any]:
         d = asdict(self)

@@ -246,3 +246,26 @@ def test_random_sequences_never_overcommit_or_evict_under_an_action(files, seq):
         assert held == res.used  # the ledger is exactly what is resident
     finally:
         res.close()
+
+
+def test_load_ahead_then_an_action_finds_the_replica_resident(files):
+    reports = []
+    res = ledger(files, [1_000_000], reports=reports)
+    r = res.load_ahead(4, "small", (0,))
+    assert r.ready.wait(10) and r.state == "resident" and 4 not in res.pins.values()
+    res.prepare("k", 4, "small", (0,))  # the grant names it without load: no second load
+    assert res.get("k", timeout=1).score([("a", "a")])[0] == pytest.approx(1.0, abs=1e-5)
+    assert [x.state for x in reports] == ["loading", "resident"] and res.stats.loads == 1
+    res.close()
+
+
+def test_a_grant_for_an_id_this_worker_holds_as_another_model_is_refused_while_it_serves(files):
+    res = ledger(files, [1_000_000])
+    res.prepare("a", 1, "small", (0,))
+    res.get("a", timeout=10)
+    res.prepare("b", 1, "mid", (0,))
+    with pytest.raises(ModelError, match="the scheduler and this worker disagree"):
+        res.get("b")
+    res.unpin("b")
+    assert res.replicas[1].model == "small" and all(k >= 0 for k in res.replicas)
+    res.close()

@@ -178,6 +178,24 @@ def test_an_evict_request_for_a_serving_replica_is_refused(single):
     assert c.client.sync(ask, 5.0)["status"] == "absent"
 
 
+def test_load_ahead_request_then_the_action_finds_it_resident(single):
+    from distributed.core import rpc
+
+    from tangram_dask.messages import WORKER_LOAD_HANDLER
+    c = single
+    (addr, snap), = c.residency().items()
+    busy = [int(k) for k in snap["replicas"]]
+
+    async def load():
+        async with rpc(addr) as w:
+            return await getattr(w, WORKER_LOAD_HANDLER)(replica=900, model="m-b", gpus=[0], evict=busy, wait=True)
+
+    assert c.client.sync(load) == {"status": "resident"}
+    (snap,) = c.residency().values()
+    assert snap["replicas"][900]["model"] == "m-b" and snap["replicas"][900]["pins"] == 0
+    assert snap["used"] == [param_bytes(ROWS["m-b"])]
+
+
 # -- a worker killed while loading loses no action ---------------------------------------------------------
 class SlowLoader:
     """The numpy loader, after a pause (a large model's load); picklable, importable by the workers."""

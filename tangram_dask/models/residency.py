@@ -177,40 +177,51 @@ class Residency:
         self._gpu_locks = [threading.Lock() for _ in self.capacity]
         self._pool = ThreadPoolExecutor(load_threads, thread_name_prefix="tangram-load")
         self._closed = False
+        self._placeholders = 0  # negative ids of refused grants (they hold nothing)
 
     # -- the action's side ---------------------------------------------------------
     def prepare(self, key: Hashable, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> None:
         """An action holding replica ``rid`` arrived: pin it, and load it (after ``evict``) if it is not here."""
-        gpus = tuple(int(g) for g in gpus)
-        bad = [g for g in gpus if not 0 <= g < len(self.capacity)]
         with self._cond:
             if key in self.pins:
                 return
-            r = self.replicas.get(rid)
-            if r is not None and (r.model != model or r.gpus != gpus):
-                if r.pins:
-                    err = ModelError(f"replica {rid} is {r.model} on GPUs {list(r.gpus)} here, but an action was "
-                                     f"granted it as {model} on GPUs {list(gpus)}: the scheduler and this worker "
-                                     f"disagree (was the scheduler restarted?)")
-                    r = Replica(rid, model, gpus, (), FAILED, error=err)
-                    r.ready.set()
-                    self.pins[key] = -1 - len(self.pins)
-                    self.replicas[self.pins[key]] = r
-                    r.pins.add(key)
-                    return
-                self._drop(r)  # a stale replica under a reused id
-                r = None
-            if r is None or (r.state in (FAILED, EVICTED) and not r.pins):
-                if bad:
-                    r = Replica(rid, model, gpus, (), FAILED, error=ModelError(
-                        f"the grant names GPUs {list(gpus)} but this worker has GPUs 0..{len(self.capacity) - 1}"))
-                    r.ready.set()
-                else:
-                    r = Replica(rid, model, gpus, self.devices(gpus))
-                    self._pool.submit(self._load, r, tuple(int(e) for e in evict))
-                self.replicas[rid] = r
+            r = self._ensure(rid, model, gpus, evict)
+            if r.rid != rid:  # refused: a placeholder that carries the error to the action
+                self.replicas[r.rid] = r
             r.pins.add(key)
-            self.pins[key] = rid
+            self.pins[key] = r.rid
+
+    def load_ahead(self, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> Replica:
+        """Load replica ``rid`` before any action needs it (after ``evict``); no action pins it yet."""
+        with self._cond:
+            return self._ensure(rid, model, gpus, evict)
+
+    def _ensure(self, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int]) -> Replica:
+        """The replica ``rid`` as the grant describes it: here, loading, or refused (under the lock)."""
+        gpus = tuple(int(g) for g in gpus)
+        r = self.replicas.get(rid)
+        if r is not None and (r.model != model or r.gpus != gpus):
+            if r.pins:
+                return self._refused(rid, model, gpus, ModelError(
+                    f"replica {rid} is {r.model} on GPUs {list(r.gpus)} here, but an action was granted it as "
+                    f"{model} on GPUs {list(gpus)}: the scheduler and this worker disagree (was the scheduler "
+                    f"restarted?)"))
+            self._drop(r)  # a stale replica under a reused id
+            r = None
+        if r is None or (r.state in (FAILED, EVICTED) and not r.pins):
+            if any(not 0 <= g < len(self.capacity) for g in gpus) or not gpus:
+                return self._refused(rid, model, gpus, ModelError(
+                    f"the grant names GPUs {list(gpus)} but this worker has GPUs 0..{len(self.capacity) - 1}"))
+            r = Replica(rid, model, gpus, self.devices(gpus))
+            self.replicas[rid] = r
+            self._pool.submit(self._load, r, tuple(int(e) for e in evict))
+        return r
+
+    def _refused(self, rid: int, model: str, gpus: tuple[int, ...], err: ModelError) -> Replica:
+        self._placeholders -= 1
+        r = Replica(self._placeholders, model, gpus, (), FAILED, error=err)
+        r.ready.set()
+        return r
 
     def get(self, key: Hashable, timeout: float | None = None) -> Any:
         """The scorer of the replica ``key`` pinned, once resident (raises the load's error)."""

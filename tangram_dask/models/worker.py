@@ -26,8 +26,8 @@ from typing import Any
 from distributed.protocol.pickle import loads
 
 from ..errors import ModelError
-from ..messages import (MODELS_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER, WORKER_MODEL_HANDLER,
-                        ModelRegistration, ResidencyReport, WorkerDeclaration)
+from ..messages import (MODELS_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER, WORKER_LOAD_HANDLER,
+                        WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport, WorkerDeclaration)
 from .residency import CudaProbe, MemoryProbe, ModelEntry, Residency
 
 logger = logging.getLogger("tangram_dask.models")
@@ -75,6 +75,7 @@ class WorkerResidency:
         w = self.worker
         w.handlers[WORKER_MODEL_HANDLER] = self._handle_model
         w.handlers[WORKER_EVICT_HANDLER] = self._handle_evict
+        w.handlers[WORKER_LOAD_HANDLER] = self._handle_load
         if self.facts is not None:  # real GPUs: initialise CUDA now, with the worker's own device list
             loop = asyncio.get_running_loop()
             self.cuda, self.cuda_why = await loop.run_in_executor(None, cuda_ordinals_ok, self.facts)
@@ -110,6 +111,18 @@ class WorkerResidency:
         except ModelError as e:
             return {"status": "busy", "error": str(e)}
         return {"status": "OK" if done else "absent"}
+
+    async def _handle_load(self, replica: int, model: str, gpus: list, evict: list | tuple = (),
+                           wait: bool = False, timeout: float = 600.0) -> dict:
+        """Load ahead: replica ``replica`` of ``model`` on ``gpus`` (after ``evict``), before its actions come."""
+        r = self.residency.load_ahead(int(replica), str(model), tuple(gpus), tuple(evict))
+        if wait:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, r.ready.wait, timeout)
+        out = {"status": r.state}
+        if r.error is not None:
+            out["error"] = str(r.error)
+        return out
 
     def _entry(self, name: str) -> ModelEntry:
         reg = self.registrations.get(name)
