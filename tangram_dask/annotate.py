@@ -13,6 +13,7 @@ would run the actions as plain tasks, with no placement and no grant.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -77,23 +78,35 @@ async def _check_async(client: Any, address: str) -> None:
 
 def _check_sync_client(client: Any) -> None:
     """check_plugin for a real, synchronous distributed Client; anything else is not checked here."""
-    try:
-        from distributed import Client
-    except ImportError:  # pragma: no cover - distributed comes with dask[distributed]
+    if client is None or id(client) in _CHECKED_CLIENTS:
         return
+    from distributed import Client
+
     if not isinstance(client, Client) or client.asynchronous or client.status != "running":
         return
     if client.scheduler.address not in _HAS_PLUGIN:
         check_plugin(client)
+    _CHECKED_CLIENTS[id(client)] = weakref.ref(client, lambda _, i=id(client): _CHECKED_CLIENTS.pop(i, None))
+
+
+#: Clients already checked (by id, dropped when the client is collected): the hot path is one dict lookup.
+_CHECKED_CLIENTS: dict[int, Any] = {}
 
 
 def _default_client() -> Any:
-    try:
+    """The default distributed client, or None (no client yet: the graph is built before one exists)."""
+    global _lookup
+    if _lookup is None:
         from distributed.client import default_client
 
-        return default_client()
-    except (ImportError, ValueError):  # no client yet: the graph is built before one exists
+        _lookup = default_client
+    try:
+        return _lookup()
+    except ValueError:  # "No clients found"
         return None
+
+
+_lookup: Callable[[], Any] | None = None
 
 
 @contextmanager
@@ -109,9 +122,7 @@ def action(kind: str, resource: str = "cpu", units: int | tuple[int, int] = 1, *
     """
     check_keywords(fields)
     spec = make_spec(kind, resource, units, **fields)
-    client = _default_client()
-    if client is not None:
-        _check_sync_client(client)
+    _check_sync_client(_default_client())
     with dask.annotate(**{ANNOTATION: spec.to_dict()}):
         yield spec
 
