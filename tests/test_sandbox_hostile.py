@@ -29,7 +29,11 @@ from tangram_dask.sandbox.hostile import CASES, judge
 
 ROOT = os.geteuid() == 0
 TEST_USER = "tangram-sbx-test"
-CONFIGS = [("bwrap", "root"), ("process", "root"), ("bwrap", "unprivileged"), ("process", "unprivileged")]
+CONFIGS = [("bwrap", "root"), ("process", "root"), ("bwrap", "unprivileged"), ("process", "unprivileged"),
+           ("process", "no-namespaces")]
+# An unprivileged worker where the kernel refuses user namespaces: made real (no fake) by running it
+# under bubblewrap's --disable-userns, which forbids new user namespaces to everything inside.
+NO_USERNS = ["--dev-bind", "/", "/", "--unshare-user", "--disable-userns", "--"]
 
 
 def _test_user() -> tuple[int, int]:
@@ -59,43 +63,71 @@ def _staged_package(tmp: Path) -> Path:
     return tmp / "src"
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=[f"{b}-{w}" for b, w in CONFIGS])
-def matrix(request: pytest.FixtureRequest) -> dict:
-    backend, worker = request.param
-    if backend == "bwrap":
+def _launch(backend: str, worker: str, tmp: Path) -> subprocess.Popen | str:
+    """Start the worker subprocess of one configuration; a string says why it cannot run here."""
+    if backend == "bwrap" or worker == "no-namespaces":
         ok, why = bwrap_available()
         if not ok:
-            pytest.skip(f"bubblewrap unusable here: {why}")
+            return f"bubblewrap unusable here: {why}"
     if worker == "root" and not ROOT:
-        pytest.skip("the root-worker configuration needs the tests to run as root")
+        return "the root-worker configuration needs the tests to run as root"
     secret = "hostile-secret-" + os.urandom(6).hex()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TANGRAM_HOSTILE_SECRET": secret}
-    tmp = Path(tempfile.mkdtemp(prefix="tangram-hostile-stage-"))
-    try:
-        kwargs: dict = {}
-        if worker == "unprivileged" and ROOT:
-            uid, gid = _test_user()
-            python = "/usr/bin/python3"
-            if not os.access(python, os.X_OK):
-                pytest.skip("no /usr/bin/python3 for the unprivileged test user")
+    kwargs: dict = {}
+    if worker != "root" and ROOT:
+        uid, gid = _test_user()
+        python = "/usr/bin/python3"
+        if not os.access(python, os.X_OK):
+            return "no /usr/bin/python3 for the unprivileged test user"
+        env["PYTHONPATH"] = str(_staged_package(tmp))
+        env["HOME"] = str(tmp)
+        kwargs = dict(user=uid, group=gid, extra_groups=[])
+    else:
+        # root: the process backend runs code as uid 65534, which must read the interpreter
+        python = "/usr/bin/python3" if ROOT and backend == "process" else sys.executable
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+        if python != sys.executable:
             env["PYTHONPATH"] = str(_staged_package(tmp))
-            env["HOME"] = str(tmp)
-            kwargs = dict(user=uid, group=gid, extra_groups=[])
-        else:
-            # root: the process backend runs code as uid 65534, which must read the interpreter
-            python = "/usr/bin/python3" if ROOT and backend == "process" else sys.executable
-            env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-            if python != sys.executable:
-                env["PYTHONPATH"] = str(_staged_package(tmp))
-        cmd = [python, "-m", "tangram_dask.sandbox.hostile", "--backend", backend, "--python", python,
-               "--secret", secret, "--json"]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp, timeout=300, **kwargs)
-        assert p.returncode == 0, p.stderr[-3000:]
-        out = json.loads(p.stdout)
-        out["worker"] = worker
-        return out
+    cmd = [python, "-m", "tangram_dask.sandbox.hostile", "--backend", backend, "--python", python,
+           "--secret", secret, "--json"]
+    if worker == "no-namespaces":
+        cmd = [shutil.which("bwrap") or "bwrap", *NO_USERNS, *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
+                            **kwargs)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """All configurations at once, one worker subprocess each (most of their time is timeouts)."""
+    tmp = Path(tempfile.mkdtemp(prefix="tangram-hostile-stage-"))
+    started = {}
+    try:
+        for backend, worker in CONFIGS:
+            d = tmp / f"{backend}-{worker}"
+            d.mkdir()
+            os.chmod(tmp, 0o755)
+            os.chmod(d, 0o755)
+            started[backend, worker] = _launch(backend, worker, d)
+        yield started
     finally:
+        for p in started.values():
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                p.kill()
+                p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=[f"{b}-{w}" for b, w in CONFIGS])
+def matrix(request: pytest.FixtureRequest, runs: dict) -> dict:
+    backend, worker = request.param
+    p = runs[backend, worker]
+    if isinstance(p, str):
+        pytest.skip(p)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    result = json.loads(out)
+    result["worker"] = worker
+    return result
 
 
 def test_every_case_is_in_the_table():
@@ -110,6 +142,7 @@ def test_every_case_is_in_the_table():
 def test_hostile_case(matrix: dict, case: str):
     got = matrix["cases"][case]
     promised = containment(matrix["backend"], root=matrix["worker"] == "root", isolated=matrix["isolated"])[case]
+    assert matrix["isolated"] == (matrix["worker"] != "no-namespaces")
     assert got["obs"].get("next_ok"), f"the next action failed after {case}: {got['obs']}"
     assert got["obs"].get("leftover_procs") == 0, f"processes left after {case}: {got['obs']}"
     assert got["verdict"] == promised.level, (f"{matrix['backend']}/{matrix['worker']}: {case} observed "
@@ -127,3 +160,30 @@ def test_the_judge_can_say_no():
                                 "CapEff": "0" * 16, "CapAmb": "0" * 16, "NoNewPrivs": "1"}, root=True) == "no"
     assert judge("fork_bomb", {"forked": 300, "next_ok": True, "leftover_procs": 0}, root=True) == "no"
     assert judge("infinite_loop", {"reason": "timeout", "next_ok": True, "leftover_procs": 3}, root=True) == "no"
+
+
+def test_strict_refuses_a_process_backend_without_namespaces(tmp_path):
+    """Where the kernel refuses user namespaces, the process backend says so at start, and strict=True
+    refuses to run (real refusal: under bubblewrap's --disable-userns, as the unprivileged test user)."""
+    if not bwrap_available()[0]:
+        pytest.skip("bubblewrap unusable here")
+    stage = Path(tempfile.mkdtemp(prefix="tangram-strict-"))
+    try:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(_staged_package(stage)), "HOME": str(stage)}
+        kwargs: dict = {}
+        if ROOT:
+            uid, gid = _test_user()
+            kwargs = dict(user=uid, group=gid, extra_groups=[])
+        script = ("from tangram_dask import SandboxError\n"
+                  "from tangram_dask.sandbox import SandboxPool\n"
+                  "from tangram_dask.sandbox.backends import namespace_probe\n"
+                  "print('probe', namespace_probe())\n"
+                  "try:\n    SandboxPool(backend='process', size=1, strict=True).start()\n    print('STARTED')\n"
+                  "except SandboxError as e:\n    print('refused', e)\n")
+        p = subprocess.run([shutil.which("bwrap") or "bwrap", *NO_USERNS, "/usr/bin/python3", "-c", script],
+                           capture_output=True, text=True, env=env, cwd=stage, timeout=60, **kwargs)
+        assert p.returncode == 0, p.stderr
+        assert "probe (False" in p.stdout and "refused sandbox option strict=True" in p.stdout, p.stdout
+        assert "/dev/shm" in p.stdout and "user namespaces" in p.stdout
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
