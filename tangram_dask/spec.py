@@ -26,6 +26,8 @@ RESERVED = {"grant": "reserved: the tangram scheduler writes the grant into the 
 #: The keyword arguments of make_spec / tangram_dask.action besides kind, resource and units.
 SPEC_KEYWORDS = ("speedup", "hint_s", "trajectory", "model", "affinity", "restore_s", "timeout_s")
 _REQUIRED = ("kind", "resource")
+#: The fields in seconds: (name, zero allowed, None allowed).
+_SECONDS = (("hint_s", True, True), ("timeout_s", False, True), ("restore_s", True, False))
 
 
 def amdahl(k: float, parallel_fraction: float) -> float:
@@ -56,34 +58,46 @@ class ActionSpec:
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        # every field checked, and numbers normalised to Python int / float (numpy's too), so the spec
-        # packs with msgpack and compares equal to its wire form parsed again
-        _set(self, "kind", _name("kind", self.kind, "must be a non-empty string naming the action kind"))
-        if not isinstance(self.resource, str) or self.resource not in RESOURCES:
-            raise SpecError("resource", self.resource, f"must be one of {', '.join(RESOURCES)}")
-        _set(self, "resource", str(self.resource))
-        lo = _whole("units.min", self.units_min)
-        hi = _whole("units.max", self.units_max)
+        # Every field checked, and numbers normalised to Python int / float (numpy's too), so the spec
+        # packs with msgpack and compares equal to its wire form parsed again. Each field has a fast
+        # path for the exact types a well-formed annotation holds (the scheduler parses every action).
+        if type(self.kind) is not str or not self.kind:
+            _set(self, "kind", _name("kind", self.kind, "must be a non-empty string naming the action kind"))
+        if type(self.resource) is not str or self.resource not in RESOURCES:
+            if not isinstance(self.resource, str) or self.resource not in RESOURCES:
+                raise SpecError("resource", self.resource, f"must be one of {', '.join(RESOURCES)}")
+            _set(self, "resource", str(self.resource))
+        lo, hi = self.units_min, self.units_max
+        if type(lo) is not int or not 1 <= lo <= UNITS_LIMIT:
+            lo = _whole("units.min", lo)
+            _set(self, "units_min", lo)
+        if type(hi) is not int or not 1 <= hi <= UNITS_LIMIT:
+            hi = _whole("units.max", hi)
+            _set(self, "units_max", hi)
         if hi < lo:
             raise SpecError("units.max", self.units_max, f"is below units.min = {lo}")
-        _set(self, "units_min", lo)
-        _set(self, "units_max", hi)
-        pf = _number("speedup.parallel_fraction", self.parallel_fraction, "must be a number in [0, 1]")
-        if not 0.0 <= pf <= 1.0:
-            raise SpecError("speedup.parallel_fraction", self.parallel_fraction, "must be a number in [0, 1]")
-        _set(self, "parallel_fraction", pf)
-        _set(self, "hint_s", _seconds("hint_s", self.hint_s, allow_zero=True))
-        _set(self, "timeout_s", _seconds("timeout_s", self.timeout_s, allow_zero=False))
-        _set(self, "restore_s", _seconds("restore_s", self.restore_s, allow_zero=True, optional=False))
-        if self.trajectory is not None:
+        pf = self.parallel_fraction
+        if type(pf) is not float or not 0.0 <= pf <= 1.0:
+            pf = _number("speedup.parallel_fraction", pf, "must be a number in [0, 1]")
+            if not 0.0 <= pf <= 1.0:
+                raise SpecError("speedup.parallel_fraction", self.parallel_fraction, "must be a number in [0, 1]")
+            _set(self, "parallel_fraction", pf)
+        for name, allow_zero, optional in _SECONDS:
+            v = getattr(self, name)
+            if v is None and optional:
+                continue
+            if type(v) is not float or not (0.0 <= v < math.inf) or (v == 0.0 and not allow_zero):
+                _set(self, name, _seconds(name, v, allow_zero=allow_zero, optional=optional))
+        if self.trajectory is not None and type(self.trajectory) is not str:
             if not isinstance(self.trajectory, str):
                 raise SpecError("trajectory", self.trajectory, "must be a string id (or None)")
             _set(self, "trajectory", str(self.trajectory))
         if self.resource == "gpu":
-            _set(self, "model", _name("model", self.model, "a gpu action needs the name of its model"))
+            if type(self.model) is not str or not self.model:
+                _set(self, "model", _name("model", self.model, "a gpu action needs the name of its model"))
         elif self.model is not None:
             raise SpecError("model", self.model, f"only gpu actions name a model, this one is {self.resource!r}")
-        if self.affinity is not None:
+        if self.affinity is not None and (type(self.affinity) is not str or self.affinity not in AFFINITIES):
             if not isinstance(self.affinity, str) or self.affinity not in AFFINITIES:
                 raise SpecError("affinity", self.affinity, "must be 'trajectory' or None")
             _set(self, "affinity", str(self.affinity))
