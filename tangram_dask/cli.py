@@ -31,7 +31,9 @@ PROGRESS_MIN_ACTIONS = 100_000
 PROG = "tangram-dask"
 
 #: Subcommands defined in other modules, imported on first use: name -> "module:attribute".
-LAZY_COMMANDS: dict[str, str] = {}
+LAZY_COMMANDS: dict[str, str] = {
+    "k8s-scale": "tangram_dask.k8s:k8s_scale",  # Kubernetes: every DaskWorkerGroup sized per kind
+}
 
 
 class InputError(click.ClickException):

@@ -228,3 +228,15 @@ async def _scenario(monkeypatch) -> None:
 def test_scaler_sizes_each_group_per_kind_and_the_operator_reads_and_retires(monkeypatch):
     with dask.config.set({"distributed.scheduler.http.routes": ROUTES, "tangram.adaptive.kinds": KINDS}):
         asyncio.run(asyncio.wait_for(_scenario(monkeypatch), 120))
+
+
+def test_the_cli_has_k8s_scale():
+    from click.testing import CliRunner
+
+    from tangram_dask import cli
+
+    r = CliRunner().invoke(cli.cli, ["k8s-scale", "--help"])
+    assert r.exit_code == 0, r.output
+    assert "--cluster" in r.output and "--once" in r.output
+    r = CliRunner().invoke(cli.cli, ["k8s-scale"])
+    assert r.exit_code == 2 and "--cluster" in r.output  # required
