@@ -195,3 +195,14 @@ class BrokenLoader:
 
     def __call__(self, devices):
         raise OSError(self.why)
+
+
+def test_a_model_registered_only_at_run_time_is_placed_and_scores(env):
+    client, plugin, _ = env
+    assert "rm-runtime" not in plugin.options.models  # the plugin was not started with it
+    register_model(client, "rm-runtime", rm_small(), memory_gb=0.001, load_s=0.1)
+    assert plugin.policy.models["rm-runtime"] == ModelSpec("rm-runtime", 0.001, 0.1)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-runtime"):
+        score, info = client.submit(judge, "rm-runtime", "y z", "y z", pure=False).result(timeout=60)
+    assert score == pytest.approx(1.0, abs=1e-5) and info["model"] == "rm-runtime"
+    assert plugin.policy.models["rm-runtime"].gpu_memory_gb == pytest.approx(info["param_bytes"] / 1e9)
