@@ -255,7 +255,14 @@ def test_page_in_a_headless_browser_holds_data_without_console_errors(env):
         errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
         assert drv.title == "Dask: Tangram"
-        if os.environ.get("TANGRAM_SCREENSHOT"):
+        if os.environ.get("TANGRAM_SCREENSHOT"):  # docs/dashboard.png: taken while actions wait and run
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                states = {a["state"] for a in get_json(url + "/tangram/state.json")["actions"]}
+                if {"pending", "running"} <= states:
+                    break
+                time.sleep(0.1)
+            time.sleep(1.1)  # one page update
             drv.save_screenshot(os.environ["TANGRAM_SCREENSHOT"])
         # one plot on its own page, as dask-labextension shows it
         drv.get(url + "/individual-tangram-workers")

@@ -97,8 +97,8 @@ class PoolTable(DashboardComponent):
                                                   if k in ("capacity", "free", "running", "queued", "queued_units")
                                                   else {}))
                 for k, t in self.COLUMNS]
-        self.root = DataTable(source=self.source, columns=cols, index_position=None, height=220,
-                              name="tangram_pools", **kwargs)
+        self.root = DataTable(source=self.source, columns=cols, index_position=None, height=150,
+                              reorderable=False, name="tangram_pools", **kwargs)
 
     @without_property_validation
     @log_errors
