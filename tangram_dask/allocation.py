@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .messages import Grant
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
@@ -23,7 +25,7 @@ class Allocation:
     units: int
     node: str = ""
     gpus: tuple[int, ...] = ()
-    replica: str | None = None
+    replica: int | None = None  # the policy's replica id
     model: str | None = None
     trajectory: str | None = None
     affinity: str | None = None
@@ -51,27 +53,30 @@ class Allocation:
 
     @classmethod
     def from_annotation(cls, ann: Mapping[str, Any]) -> "Allocation":
-        grant = ann.get("grant") or {}
+        """From a task's ``tangram`` annotation: the user's spec fields and the scheduler's grant, parsed
+        by :meth:`tangram_dask.messages.Grant.from_msg` (the one parser of the grant's wire form)."""
+        g = ann.get("grant")
+        grant = Grant.from_msg(g) if g else Grant(int(ann.get("units_min", 1)), "")
         return cls(
             kind=ann.get("kind", ""),
             resource=ann.get("resource", "cpu"),
-            units=int(grant.get("units", ann.get("units_min", 1))),
-            node=grant.get("node", ""),
-            gpus=tuple(grant.get("gpus", ())),
-            replica=grant.get("replica"),
+            units=grant.units,
+            node=grant.node,
+            gpus=grant.gpus,
+            replica=grant.replica,
             model=ann.get("model"),
             trajectory=ann.get("trajectory"),
             affinity=ann.get("affinity"),
             timeout_s=ann.get("timeout_s"),
-            worker=grant.get("worker", ""),
-            load=bool(grant.get("load", False)),
-            restore=bool(grant.get("restore", False)),
-            cross_group=bool(grant.get("cross_group", False)),
-            sandbox=grant.get("sandbox", "warm"),
-            setup_s=float(grant.get("setup_s", 0.0)),
-            device_ids=tuple(grant.get("device_ids", ())),
-            restore_from=grant.get("restore_from", ""),
-            evict=tuple(int(r) for r in grant.get("evict", ())),
+            worker=grant.worker,
+            load=grant.load,
+            restore=grant.restore,
+            cross_group=grant.cross_group,
+            sandbox=grant.sandbox,
+            setup_s=grant.setup_s,
+            device_ids=grant.device_ids,
+            restore_from=grant.restore_from,
+            evict=grant.evict,
         )
 
 

@@ -31,14 +31,15 @@ from .cluster import ClusterSpec
 from .costs import CostModel
 from .metrics import summarize
 from .policy import TangramOptions, initial_replicas
-from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin
+from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
 from .spec import ActionSpec
 from .workload import Generated, WorkloadSpec, generate
 
 API_WORKER = "api"
 
 
-def charge(spec: ActionSpec, grant: dict[str, Any], duration_s: float, cross_group_slowdown: float) -> tuple[float, float]:
+def charge(spec: ActionSpec, grant: dict[str, Any], duration_s: float,
+           cross_group_slowdown: float) -> tuple[float, float]:
     """``(setup, run)`` in workload seconds for an action of true ``duration_s`` on ``grant``: the
     simulator's cost model (the plugin already put the setup it predicts, by that model, in
     ``grant["setup_s"]``)."""
@@ -55,7 +56,7 @@ def play_action(duration_s: float, time_scale: float, slowdown: float) -> None:
     ts = get_worker().state.tasks[thread_state.key]
     ann = ts.annotations[ANNOTATION]
     grant = ann["grant"]
-    spec = ActionSpec.from_dict({k: v for k, v in ann.items() if k != "grant"})
+    spec = parse_annotation(ann)
     setup, run = charge(spec, grant, duration_s, slowdown)
     time.sleep((setup + run) * time_scale)
 

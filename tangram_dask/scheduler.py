@@ -39,6 +39,7 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 from time import monotonic, perf_counter
 from typing import Any, Hashable, Mapping
 
@@ -70,8 +71,18 @@ PARK = "tangram://parked"
 #: a set per task would cost ~200 bytes for each of 100,000 queued actions.
 PARKED = frozenset({PARK})
 
-# Action states (scheduler side)
-NEW, PENDING, GRANTED, DONE, FAILED = "new", "pending", "granted", "done", "failed"
+
+class ActionState(str, Enum):
+    """Where the plugin's record of one action stands (it is dropped once the action is done)."""
+
+    NEW = "new"          # parsed, not yet waiting for a worker
+    PENDING = "pending"  # in the policy's queues
+    GRANTED = "granted"  # the policy started it: a worker, units, a grant
+    DONE = "done"
+    FAILED = "failed"
+
+
+NEW, PENDING, GRANTED, DONE, FAILED = ActionState
 
 
 @dataclass(slots=True)
@@ -79,7 +90,7 @@ class Action:
     """The plugin's record of one action task."""
 
     spec: ActionSpec | None
-    state: str = NEW
+    state: ActionState = NEW
     error: str | None = None
     grant: Grant | None = None
 
@@ -483,8 +494,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     resources = {"gpus": d.units}
                 if decl.device_ids:
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
-        grant = Grant(d.units, d.node, worker, d.gpus, d.replica, d.load, d.evict, d.restore, d.cross_group,
-                      d.sandbox, self._setup_s(d, spec), device_ids, d.restore_from)
+        grant = Grant.of_start(d, worker, device_ids, self._setup_s(d, spec))
         ann = dict(ts.annotations or {})
         tg = dict(ann.get(ANNOTATION) or {})
         tg["grant"] = grant.to_msg()

@@ -282,7 +282,8 @@ def check_fits(gen: Generated, cluster: ClusterSpec) -> None:
         sf = never_fits(k.spec(None, "t"), cap, spec.models)
         if sf is not None:
             key = f"tools[{i}]" if i < n_tools else f"rewards[{i - n_tools}]"
-            raise FileFormatError(spec.source or "<workload>", f"{key}.{'model' if k.resource == 'gpu' else 'units.min'}",
+            field_ = "model" if k.resource == "gpu" else "units.min"
+            raise FileFormatError(spec.source or "<workload>", f"{key}.{field_}",
                                   f"{sf.reason} (on {where})")
 
 

@@ -323,7 +323,8 @@ class GpuPool:
             self.ready[r.model][r.id] = None
 
     # -- queries -----------------------------------------------------------------
-    def eviction_plan(self, node: str, gpus: tuple[int, ...], share: float, order: list[ReplicaId]) -> list[ReplicaId] | None:
+    def eviction_plan(self, node: str, gpus: tuple[int, ...], share: float,
+                      order: list[ReplicaId]) -> list[ReplicaId] | None:
         """Replicas to evict (taken from ``order``, first first) so each GPU has ``share`` free; None if impossible."""
         st = self.nodes[node]
         free = {i: st.gpus[i].mem_free for i in gpus}
