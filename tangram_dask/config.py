@@ -1,7 +1,7 @@
 """The ``tangram:`` dask config namespace: defaults from tangram.yaml, checked against tangram-schema.yaml.
 
 Importing this module registers the shipped defaults with dask. Code that
-reads the config goes through :func:`section` (or :func:`validate`), never
+reads the config goes through :func:`validate` (or :func:`effective`), never
 ``dask.config.get("tangram...")`` alone: dask's config may have been reset
 to a snapshot taken before tangram_dask was imported (distributed's test
 harness does that before every test), and then only the shipped defaults in
@@ -27,8 +27,6 @@ HERE = Path(__file__).parent
 DEFAULTS: dict[str, Any] = yaml.safe_load((HERE / "tangram.yaml").read_text())
 SCHEMA: dict[str, Any] = yaml.safe_load((HERE / "tangram-schema.yaml").read_text())
 SECTIONS: tuple[str, ...] = tuple(DEFAULTS["tangram"])
-#: Keys whose values are the user's own mappings (model names, worker names): taken as given, not normalised.
-USER_MAPPINGS = frozenset({"models", "replicas"})
 
 dask.config.update_defaults(DEFAULTS)
 
@@ -137,6 +135,9 @@ def _non_finite(value: Any, path: str) -> tuple[str, Any] | None:
     return None
 
 
+_FIX = " (every key is documented in tangram_dask/tangram-schema.yaml)"
+
+
 def validate(section: str | None = None) -> dict[str, Any]:
     """The effective ``tangram.<section>`` config (or all of ``tangram``), checked against the schema.
 
@@ -156,12 +157,3 @@ def validate(section: str | None = None) -> dict[str, Any]:
     return cfg
 
 
-_FIX = " (every key is documented in tangram_dask/tangram-schema.yaml)"
-
-
-def get(section: str, key: str) -> Any:
-    """One key of the effective config (shipped default when dask's config lacks it); not validated."""
-    cfg = effective(section)
-    if key not in cfg:
-        raise ConfigError(f"tangram.{section}.{key}", None, "no such key in tangram.yaml")
-    return cfg[key]
