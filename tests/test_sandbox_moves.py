@@ -47,16 +47,10 @@ def client():
         yield c
 
 
-def test_a_moved_trajectory_finds_its_working_dir(client):
-    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-1", affinity="trajectory",
-                    restore_s=0.001)
-    with tangram_dask.action(**stateful):
-        first = client.submit(step, "open('notes', 'w').write('step 1')", pure=False).result(timeout=60)
-    home = first["worker"]
-    assert first["reason"] == "ok" and not first["restore"]
-    # fill both workers, then free the other one: home stays busy
+def _keep_busy(client, home: str, tag: str) -> dict:
+    """Fill both workers, then free the other one: home stays busy. Returns the blockers by event name."""
     with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=30):
-        blockers = {name: client.submit(hold, name, pure=False) for name in ("b-0", "b-1")}
+        blockers = {name: client.submit(hold, name, pure=False) for name in (f"{tag}-0", f"{tag}-1")}
     deadline = time.monotonic() + 30
     where: dict[str, str] = {}
     while len(where) < 2:
@@ -67,6 +61,17 @@ def test_a_moved_trajectory_finds_its_working_dir(client):
     on_other = next(name for name, f in blockers.items() if where[f.key] != home)
     Event(on_other, client=client).set()
     blockers[on_other].result(timeout=30)
+    return blockers
+
+
+def test_a_moved_trajectory_finds_its_working_dir(client):
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-1", affinity="trajectory",
+                    restore_s=0.001)
+    with tangram_dask.action(**stateful):
+        first = client.submit(step, "open('notes', 'w').write('step 1')", pure=False).result(timeout=60)
+    home = first["worker"]
+    assert first["reason"] == "ok" and not first["restore"]
+    blockers = _keep_busy(client, home, "b")
     with tangram_dask.action(**stateful):
         moved = client.submit(step, "print(open('notes').read())", pure=False).result(timeout=60)
     assert moved["worker"] != home and moved["restore"] and moved["restore_from"] == home
@@ -76,3 +81,24 @@ def test_a_moved_trajectory_finds_its_working_dir(client):
         Event(name, client=client).set()
     tangram_dask.end_trajectory(client, "t-1")
     assert client.run(has_dir, "t-1") == {home: False, moved["worker"]: False}
+
+
+def test_a_move_that_cannot_be_restored_loses_nothing(client):
+    """A working dir with a link out of it cannot move: the moved action fails saying so, before the
+    home worker removes anything; the trajectory's files are still there."""
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-2", affinity="trajectory",
+                    restore_s=0.001)
+    with tangram_dask.action(**stateful):
+        first = client.submit(step, "import os\nopen('notes', 'w').write('mine')\nos.symlink('/etc/passwd', 'out')",
+                              pure=False).result(timeout=60)
+    home = first["worker"]
+    assert first["reason"] == "ok"
+    blockers = _keep_busy(client, home, "c")
+    with tangram_dask.action(**stateful):
+        moved = client.submit(step, "print(open('notes').read())", pure=False)
+        with pytest.raises(tangram_dask.SandboxError, match="could not be moved here.*points out of the dir.*stays"):
+            moved.result(timeout=60)
+    assert client.run(has_dir, "t-2")[home] is True  # the home worker still holds it
+    for name in blockers:
+        Event(name, client=client).set()
+    tangram_dask.end_trajectory(client, "t-2")

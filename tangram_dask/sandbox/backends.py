@@ -585,8 +585,9 @@ class BwrapSandbox(Sandbox):
         if exe is None:
             raise SandboxError("bwrap is not installed: apt-get install -y bubblewrap, or use backend='process'")
         args = [exe, "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
-                "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--hostname", "sandbox"]
+                "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
+        if "cgroup_fd" not in config:  # with its own cgroup, the zygote joins it from the host's cgroup view
+            args.append("--unshare-cgroup-try")
         # the zygote keeps only what it needs: mount each action's tmpfs (SYS_ADMIN), and as root drop
         # to the code's uid (SETUID, SETGID) and kill what the code left (KILL); the code keeps nothing
         if os.geteuid() == 0:
@@ -675,7 +676,7 @@ class SandboxCgroup:
         path.mkdir(exist_ok=True)
         (path / "memory.max").write_text(str(limits.memory_bytes + limits.work_bytes))
         (path / "pids.max").write_text(str(limits.procs + 8))
-        fd = os.open(path / "cgroup.procs", os.O_WRONLY)
+        fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CREAT, 0o644)  # O_CREAT: a fake tree in tests
         cg = cls(path, fd)
         cg.set_cpus(1)
         return cg
