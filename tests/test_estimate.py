@@ -1,0 +1,116 @@
+"""What the policy knows of durations (``tangram_dask/policy/estimate.py``), as tables of named cases.
+
+Every expected number is worked out by hand in the case's comment. Notation:
+``w`` = log of an observed work, ``e`` = log(hint) - w (the hint's log error);
+with 8 or more observations of a kind, ``mu``/``var_w`` are the mean and
+sample variance of ``w`` (variance floored at 1e-6), ``bias``/``var_e`` those
+of ``e`` (used only once 8 observations had a hint), and the estimate for a
+hint ``h`` is ``exp(post_mu + post_var / 2)`` with
+``post_var = 1 / (1/var_w + 1/var_e)`` and
+``post_mu = (mu/var_w + (log h - bias)/var_e) * post_var``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tangram_dask.policy.estimate import MIN_SAMPLES, Estimator, Welford
+from tangram_dask.spec import make_spec
+
+E = math.e
+
+
+# -- Welford ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("xs, n, mean, var", [
+    pytest.param([], 0, 0.0, 0.0, id="empty"),
+    pytest.param([5.0], 1, 5.0, 0.0, id="one-sample-no-variance"),
+    # mean 2.5; squares of deviations 2.25 + 0.25 + 0.25 + 2.25 = 5 over n - 1 = 3
+    pytest.param([1.0, 2.0, 3.0, 4.0], 4, 2.5, 5 / 3, id="sample-variance"),
+    # mean 5; deviations -3 -1 -1 -1 0 0 2 4: squares sum 32, over 7
+    pytest.param([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0], 8, 5.0, 32 / 7, id="textbook"),
+    # large offset: mean 1e9 + 10, deviations -6 -3 3 6: squares 90 over 3 = 30 (no cancellation)
+    pytest.param([1e9 + 4, 1e9 + 7, 1e9 + 13, 1e9 + 16], 4, 1e9 + 10, 30.0, id="large-offset-stable"),
+    pytest.param([-1.0, 1.0], 2, 0.0, 2.0, id="symmetric"),
+])
+def test_welford(xs, n, mean, var):
+    w = Welford()
+    for x in xs:
+        w.add(x)
+    assert (w.n, w.mean, w.var) == (n, pytest.approx(mean, rel=1e-12, abs=1e-12), pytest.approx(var, rel=1e-9))
+
+
+# -- Estimator -------------------------------------------------------------------------------------
+def observe_all(est: Estimator, kind: str, obs: list[tuple[float, float | None]]) -> None:
+    """Each observation: (log work w, log hint or None)."""
+    for w, lh in obs:
+        est.observe(make_spec(kind, hint_s=None if lh is None else math.exp(lh)), math.exp(w))
+
+
+ALT = [0.0, 2.0] * 4  # w: four 0s and four 2s: mu = 1, var_w = 8 x 1 / 7 = 8/7
+
+ESTIMATE_CASES = [
+    # -- before 8 completions of the kind the hint is used as is
+    pytest.param({}, [], 3.0, 3.0, id="no-history-hint"),
+    pytest.param({}, [], None, 1.0, id="no-history-no-hint-default"),
+    pytest.param({"default_s": 2.5}, [], None, 2.5, id="no-history-custom-default"),
+    # hint 0 is treated like no hint (the default), not as "instant": spec.hint_s 0 is valid
+    pytest.param({}, [], 0.0, 1.0, id="no-history-zero-hint-is-default"),
+    # 7 exact observations of 100 s: still below MIN_SAMPLES (8): the hint 3 is used
+    pytest.param({}, [(math.log(100), math.log(100))] * 7, 3.0, 3.0, id="seven-samples-still-hint"),
+    # -- 8+ observations, none with a hint: the kind's lognormal mean, hints ignored
+    # w = 0,2,... : exp(mu + var_w / 2) = exp(1 + 4/7) = e^(11/7)
+    pytest.param({}, [(w, None) for w in ALT], None, E ** (11 / 7), id="history-no-hint"),
+    pytest.param({}, [(w, None) for w in ALT], 50.0, E ** (11 / 7), id="history-hint-errors-unknown"),
+    # all 8 works = 2 s: var_w floored at 1e-6: exp(log 2 + 5e-7)
+    pytest.param({}, [(math.log(2), None)] * 8, None, 2 * math.exp(5e-7), id="history-constant-floored"),
+    # -- sharp, unbiased hints: var_e = 1e-6 (floor), var_w = 8/7: the estimate is the hint
+    # post_var = 1/(1e6 + 7/8); post_mu = (7/8 + 3e6) post_var = 3 - 2 (7/8) post_var; ~ e^3 (rel 2e-6)
+    pytest.param({}, [(w, w) for w in ALT], E ** 3, E ** 3, id="sharp-hints-follow-the-hint"),
+    # -- sharp hints, always 2x the work: bias = log 2: a hint of 10 means 5
+    pytest.param({}, [(w, w + math.log(2)) for w in ALT], 10.0, 5.0, id="biased-hints-corrected"),
+    # -- noisy unbiased hints (e = +1, -1, ...: bias 0, var_e 8/7) on constant work 1 s (var_w 1e-6):
+    # post_mu = (0 x 1e6 + 5 x 7/8) / (1e6 + 7/8) ~ 4.4e-6: ~ 1 s whatever the hint says
+    pytest.param({}, [(0.0, 1.0), (0.0, -1.0)] * 4, E ** 5, 1.0, id="noisy-hints-lean-on-history"),
+    # -- equal weights: w = 0,2,.. (var_w 8/7) and e = +1,-1,.. (bias 0, var_e 8/7):
+    # post_var = 4/7, post_mu = (1 + 3) / 2 = 2 for a hint e^3: exp(2 + 2/7) = e^(16/7)
+    pytest.param({}, [(w, w + (1.0 if i % 2 == 0 else -1.0)) for i, w in enumerate(ALT)], E ** 3, E ** (16 / 7),
+                 id="blend-equal-precision"),
+    # the same history, no hint for the pending action: exp(mu + var_w/2) = e^(11/7)
+    pytest.param({}, [(w, w + (1.0 if i % 2 == 0 else -1.0)) for i, w in enumerate(ALT)], None, E ** (11 / 7),
+                 id="blend-history-no-hint"),
+    # 8 works but only 7 had a hint: var_e unknown (7 < 8): the hint is ignored -> exp(log 2 + 5e-7)
+    pytest.param({}, [(math.log(2), math.log(2))] * 7 + [(math.log(2), None)], 40.0, 2 * math.exp(5e-7),
+                 id="seven-hinted-errors-not-used"),
+]
+
+
+@pytest.mark.parametrize("kw, obs, hint, want", ESTIMATE_CASES)
+def test_expected(kw, obs, hint, want):
+    est = Estimator(**kw)
+    observe_all(est, "k", obs)
+    assert est.expected(make_spec("k", hint_s=hint)) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("work", [
+    pytest.param(0.0, id="zero"),
+    pytest.param(-1.0, id="negative"),
+])
+def test_non_positive_work_is_ignored(work):
+    est = Estimator()
+    est.observe(make_spec("k", hint_s=1.0), work)
+    assert "k" not in est.kinds
+
+
+def test_kinds_are_separate_and_cache_follows_new_observations():
+    est = Estimator()
+    observe_all(est, "a", [(math.log(2), None)] * MIN_SAMPLES)
+    # kind b has no history: its hint is used as is, a's history does not leak into it
+    assert est.expected(make_spec("b", hint_s=7.0)) == 7.0
+    assert est.expected(make_spec("a")) == pytest.approx(2.0, rel=1e-5)
+    # 8 more observations of 8 s: w = log 2 (x8), 3 log 2 (x8): mu = 2 log 2 = log 4; every deviation is
+    # +-log 2: var_w = 16 (log 2)^2 / 15
+    observe_all(est, "a", [(math.log(8), None)] * MIN_SAMPLES)
+    var_w = 16 * math.log(2) ** 2 / 15
+    assert est.expected(make_spec("a")) == pytest.approx(math.exp(math.log(4) + var_w / 2), rel=1e-9)
