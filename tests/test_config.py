@@ -8,6 +8,8 @@ from dataclasses import MISSING, fields
 
 import dask
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tangram_dask import config
 from tangram_dask.cluster import ModelSpec
@@ -273,3 +275,37 @@ def test_plugin_options_refuse_bad_values_naming_the_key(name, value, key):
 def test_an_unknown_override_is_refused():
     with pytest.raises(ConfigError, match="not an option of the scheduler plugin"):
         PluginOptions.from_config(pipelin=3)
+
+
+# -- any config either validates or raises ConfigError --------------------------------------------
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-(10**30), 10**30),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+                    st.sampled_from(["tangram", "fifo", "static", ""]))
+_value = st.recursive(_scalar, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                      max_leaves=6)
+_sched_keys = list(config.DEFAULTS["tangram"]["scheduler"])
+_worker_keys = list(config.DEFAULTS["tangram"]["worker"])
+_key = st.one_of(st.sampled_from(_sched_keys + [k.replace("-", "_") for k in _sched_keys]), st.text(max_size=5))
+_model = st.fixed_dictionaries({}, optional={"gpu_memory_gb": _scalar, "load_s": _scalar, "x": _scalar})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sched=st.dictionaries(_key, _value, max_size=4),
+       models=st.one_of(st.none(), st.dictionaries(st.text(min_size=1, max_size=3), _model, max_size=2)),
+       worker=st.dictionaries(st.sampled_from(_worker_keys), _value, max_size=3))
+def test_any_config_validates_or_raises_config_error(sched, models, worker):
+    cfg = {"tangram": {"scheduler": dict(sched), "worker": worker}}
+    if models is not None:
+        cfg["tangram"]["scheduler"]["models"] = models
+    with dask.config.set(cfg):
+        for section in ("scheduler", "worker", None):
+            try:
+                config.validate(section)
+            except ConfigError as e:
+                assert str(e).startswith(f"{e.key}: ") and e.key.startswith("tangram")
+        try:
+            opts = PluginOptions.from_config()
+        except ConfigError:
+            return
+    assert opts.policy in ("tangram", "fifo") and type(opts.pipeline) is int and type(opts.time_scale) is float
