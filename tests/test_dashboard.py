@@ -160,7 +160,7 @@ def test_state_json_shows_why_the_head_waits_and_what_runs(env):
     serving = [g for g in st["gpus"] if g["state"] == "serving"]
     assert len(serving) == 1 and serving[0]["models"] == ["rm-a"], st["gpus"]
     assert sorted({g["group"] for g in st["gpus"]}) == [0, 1] and len(st["gpus"]) == 4
-    cpu_node = next(n for n in st["node_stats"] if n["resource"] == "cpu")
+    cpu_node = next(n for n in st["policy"]["nodes"] if n["resource"] == "cpu")
     assert (cpu_node["capacity"], cpu_node["free"]) == (2, 0)
     sb = st["sandboxes"]
     assert len(sb) == 2 and all(s["size"] == 2 and s["ready"] + s["in_use"] + s["starting"] >= 1 for s in sb.values())

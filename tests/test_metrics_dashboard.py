@@ -136,7 +136,7 @@ def test_every_family_matches_state_json_at_the_same_moment(env):
     c = st["counters"]
     assert samples("placements", "_total")[()] == c["placements"] >= 13
     assert samples("admission_queue")[()] == st["policy"]["admission_queue"]
-    assert samples("unplaceable_actions")[()] == len(st["policy"]["unplaceable"])
+    assert samples("unplaceable_actions")[()] == sum(u["count"] for u in st["policy"]["unplaceable"])
     assert samples("model_loads", "_total") == {(("model", m),): v for m, v in c["loads"].items()}
     ev.set()
     client.gather(holds)

@@ -121,9 +121,9 @@ class PoolTable(DashboardComponent):
         for p in pol.get("pools", ()):
             add(p["pool"] or p["resource"], p["resource"], p["capacity"], p["free"], p["running"], p["queued"],
                 p.get("queued_units", 0), p.get("head"))
-        for sf in pol.get("unplaceable", ()):
-            add(f"unplaceable: {sf.get('kind') or sf.get('pool')}", sf["resource"], None, None, None, 1,
-                sf["requested"], sf)
+        for sf in pol["unplaceable"]:  # grouped: one row per distinct shortfall
+            add(f"unplaceable: {sf['kind'] or sf['pool']}", sf["resource"], None, None, None, sf["count"],
+                sf["requested"] * sf["count"], sf)
         update(self.source, rows)
 
 
@@ -153,7 +153,7 @@ class WorkerMap(DashboardComponent):
         d: dict[str, list[Any]] = {"x": [], "y": [], "color": [], "label": [], "info": [], "worker": []}
         ys: list[str] = []
         width = 1
-        for n in sorted(st["node_stats"], key=lambda n: n["node"]):
+        for n in sorted(st["policy"]["nodes"], key=lambda n: n["node"]):
             if n["resource"] != "cpu":
                 continue
             y = f"{_short(n['node'])} slots"

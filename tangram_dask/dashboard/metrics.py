@@ -87,7 +87,7 @@ class TangramSchedulerCollector(PrometheusCollector):
         free = GaugeMetricFamily(n("units_free"), "Units free now", labels=[*L, "resource", "pool"])
         queued = GaugeMetricFamily(n("queued_actions"), "Actions waiting in the policy's queue of each pool",
                                    labels=[*L, "resource", "pool"])
-        for p in pol.get("pools", ()):
+        for p in pol["pools"]:
             lab = [me, p["resource"], p["pool"] or p["resource"]]
             cap.add_metric(lab, p["capacity"])
             use.add_metric(lab, p["capacity"] - p["free"])
@@ -98,9 +98,9 @@ class TangramSchedulerCollector(PrometheusCollector):
         yield free
         yield queued
         yield _gauge(n("unplaceable_actions"), "Actions no current node can ever hold", L, me,
-                     len(pol.get("unplaceable", ())))
+                     sum(u["count"] for u in pol["unplaceable"]))
         yield _gauge(n("admission_queue"), "Trajectories waiting to be admitted", L, me,
-                     pol.get("admission_queue", 0))
+                     pol["admission_queue"])
 
         c = st["counters"]
         yield _counter(n("placements"), "Actions placed by the policy", L, me, c["placements"])

@@ -1,20 +1,22 @@
 """One view of a tangram scheduler, as plain data: what the page draws, ``/tangram/state.json``
 serves and the Prometheus collector exports.
 
-It reads only ``plugin.snapshot()`` (the policy's frozen snapshot, the plugin's
-counters and worker declarations), the kind and state of the plugin's action
-records, the :class:`~.monitor.TangramMonitor`'s aggregates and each worker's
+It reads only ``plugin.policy.snapshot()`` (the frozen :class:`PolicySnapshot`),
+the plugin's counters and worker declarations, the kind, state and grant of the
+plugin's action records, the :class:`~.monitor.TangramMonitor`'s aggregates and each worker's
 heartbeat metric ``tangram-sandbox``. It never touches the policy's internals.
 """
 
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 import time
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
+from ..policy.types import NodeStats, PolicySnapshot, PoolStats, Shortfall
 from .monitor import TangramMonitor
 
 #: The worker heartbeat metric carrying its sandbox pool's statistics.
@@ -48,21 +50,16 @@ class TangramView:
     def _build(self) -> dict[str, Any]:
         plugin, mon = self.plugin, self.monitor
         now = plugin.now()
-        snap = plugin.snapshot()
-        nodes = snap.get("nodes")
-        if isinstance(nodes, dict):  # the plugin's worker declarations took the key: NodeStats from the policy
-            workers = nodes
-            node_stats = [asdict(n) for n in plugin.policy.snapshot().nodes] if plugin.policy is not None else []
-        else:
-            workers, node_stats = snap.get("workers") or {}, list(nodes or ())
-        actions = self._actions()
+        pol = policy_data(plugin.policy.snapshot()) if plugin.policy is not None else policy_data(None)
+        workers = {addr: d.to_msg() for addr, d in list(plugin.nodes.items())}
+        actions, loading = self._actions()
         util = {}
-        for p in snap.get("pools", ()):
+        for p in pol["pools"]:
             if p["pool"] in ("", p["resource"]) and p["resource"] in RESOURCES:
                 cap = p["capacity"]
                 util[p["resource"]] = (cap - p["free"]) / cap if cap > 0 else 0.0
-        pending = sum(v for (_, _, st), v in _flat(actions) if st == "pending")
-        adm = int(snap.get("admission_queue", 0))
+        pending = sum(v for (_, _, st), v in actions.items() if st == "pending")
+        adm = int(pol["admission_queue"])
         if not self.history or now - self.history[-1][0] >= 1.0:
             self.history.append((now, util, adm, pending))
         c = mon.counters
@@ -70,23 +67,25 @@ class TangramView:
             "time": now,
             "wall_time": time.time(),
             "scheduler": plugin.scheduler.address if plugin.scheduler is not None else "",
-            "policy": snap,
-            "actions": [{"kind": k, "resource": r, "state": s, "count": n} for (k, r, s), n in _flat(actions)],
-            "act": {"windows_s": mon.stats.window_s, "series": mon.stats.series(), "totals": mon.stats.totals()},
+            "policy": pol,
+            "plugin": asdict(plugin.stats),
+            "workers": workers,
+            "actions": [{"kind": k, "resource": r, "state": s, "count": n} for (k, r, s), n in sorted(actions.items())],
+            "act": {"window_s": mon.stats.window_s, "series": mon.stats.series(), "totals": mon.stats.totals()},
             "counters": {"placements": c.placements, "loads": dict(c.loads), "evictions": dict(c.evictions),
                          "cold_starts": dict(c.cold_starts), "rejections": c.rejections, "errors": c.errors},
             "utilization": util,
             "history": {"t": [h[0] for h in self.history], "utilization": [h[1] for h in self.history],
                         "admission_queue": [h[2] for h in self.history],
                         "pending": [h[3] for h in self.history]},
-            "workers": workers,
-            "node_stats": node_stats,
-            "gpus": self._gpus(snap, workers),
+            "gpus": self._gpus(pol, workers, loading),
             "sandboxes": self._sandboxes(),
         }
 
-    def _actions(self) -> dict[tuple[str, str, str], int]:
+    def _actions(self) -> tuple[dict[tuple[str, str, str], int], set[tuple[str, int]]]:
+        """Live actions by (kind, resource, state), and the (node, GPU) pairs a granted load is filling."""
         out: dict[tuple[str, str, str], int] = {}
+        loading: set[tuple[str, int]] = set()
         for a in list(self.plugin.actions.values()):
             st = SHOWN_STATES.get(a.state)
             if st is None:
@@ -94,17 +93,16 @@ class TangramView:
             spec = a.spec
             k = (spec.kind, spec.resource, st) if spec is not None else ("malformed", "", st)
             out[k] = out.get(k, 0) + 1
-        return out
-
-    def _gpus(self, snap: dict[str, Any], workers: dict[str, Any]) -> list[dict[str, Any]]:
-        """One row per GPU of every GPU worker: its topology group and the replicas resident on it."""
-        loading: set[tuple[str, int]] = set()
-        for a in list(self.plugin.actions.values()):
             g = a.grant
-            if a.state == "granted" and g is not None and g.load:
+            if g is not None and g.load:
                 loading.update((g.node, i) for i in g.gpus)
+        return out, loading
+
+    def _gpus(self, pol: dict[str, Any], workers: dict[str, Any],
+              loading: set[tuple[str, int]]) -> list[dict[str, Any]]:
+        """One row per GPU of every GPU worker: its topology group and the replicas resident on it."""
         resident: dict[tuple[str, int], list[tuple[str, bool]]] = {}
-        for model, node, gpus, busy in snap.get("replicas", ()):
+        for model, node, gpus, busy in pol["replicas"]:
             for i in gpus:
                 resident.setdefault((node, i), []).append((model, bool(busy)))
         rows = []
@@ -142,5 +140,34 @@ class TangramView:
         return out
 
 
-def _flat(actions: dict[tuple[str, str, str], int]) -> list[tuple[tuple[str, str, str], int]]:
-    return sorted(actions.items())
+def _fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+_SHORTFALL, _POOL, _NODE = _fields(Shortfall), _fields(PoolStats), _fields(NodeStats)
+_sf_tuple = attrgetter(*_SHORTFALL)
+
+
+def _shortfall(sf: Shortfall | None) -> dict[str, Any] | None:
+    return None if sf is None else {f: getattr(sf, f) for f in _SHORTFALL}
+
+
+def policy_data(snap: PolicySnapshot | None) -> dict[str, Any]:
+    """A :class:`PolicySnapshot` as plain data (``dataclasses.asdict`` is too slow for thousands of
+    unplaceable actions). Unplaceable actions are grouped: one entry per distinct shortfall, with a count."""
+    if snap is None:
+        return {"policy": "", "pools": [], "replicas": [], "decisions": 0, "extra": {}, "unplaceable": [],
+                "admission_queue": 0, "nodes": []}
+    pools = []
+    for p in snap.pools:
+        d = {f: getattr(p, f) for f in _POOL}
+        d["head"] = _shortfall(p.head)
+        pools.append(d)
+    groups: dict[tuple, int] = {}
+    for t in map(_sf_tuple, snap.unplaceable):
+        groups[t] = groups.get(t, 0) + 1
+    unplaceable = [{**dict(zip(_SHORTFALL, t)), "count": n} for t, n in groups.items()]
+    return {"policy": snap.policy, "pools": pools,
+            "replicas": [[m, node, list(gpus), bool(busy)] for m, node, gpus, busy in snap.replicas],
+            "decisions": snap.decisions, "extra": dict(snap.extra), "unplaceable": unplaceable,
+            "admission_queue": snap.admission_queue, "nodes": [{f: getattr(n, f) for f in _NODE} for n in snap.nodes]}
