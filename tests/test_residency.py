@@ -36,7 +36,7 @@ def files(tmp_path_factory):
     return {m: weights(tmp, m, rows) for m, rows in (("small", 1000), ("mid", 2000), ("big", 3000))}
 
 
-def ledger(files, capacity, *, declared=None, reports=None, loaders=None):
+def ledger(files, capacity, *, declared=None, reports=None, loaders=None, room_wait_s=0.0):
     entries = {m: ModelEntry(m, (loaders or {}).get(m, NumpyLoader(p)), (declared or {}).get(m, b))
                for m, (p, b) in files.items()}
 
@@ -46,7 +46,7 @@ def ledger(files, capacity, *, declared=None, reports=None, loaders=None):
         return entries[name]
 
     return Residency(capacity, entry, lambda gpus: tuple("cpu" for _ in gpus),
-                     report=(reports.append if reports is not None else (lambda r: None)))
+                     report=(reports.append if reports is not None else (lambda r: None)), room_wait_s=room_wait_s)
 
 
 def test_load_accounts_parameter_bytes_and_reports_each_state(files):
@@ -268,4 +268,17 @@ def test_a_grant_for_an_id_this_worker_holds_as_another_model_is_refused_while_i
         res.get("b")
     res.unpin("b")
     assert res.replicas[1].model == "small" and all(k >= 0 for k in res.replicas)
+    res.close()
+
+
+def test_a_load_waits_a_while_for_room_being_made(files):
+    res = ledger(files, [500_000], room_wait_s=5.0)
+    res.prepare("a", 0, "big", (0,))
+    res.get("a", timeout=10)
+    res.unpin("a")
+    res.prepare("b", 1, "mid", (0,))  # no room until replica 0 goes (as when the scheduler evicts a stale one)
+    time.sleep(0.3)
+    assert res.replicas[1].state == "loading" and res.used == [files["big"][1]]
+    assert res.evict(0)
+    assert res.get("b", timeout=10) is not None and res.used == [files["mid"][1]]
     res.close()

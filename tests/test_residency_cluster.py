@@ -178,29 +178,32 @@ def test_an_evict_request_for_a_serving_replica_is_refused(single):
     assert c.client.sync(ask, 5.0)["status"] == "absent"
 
 
-def test_load_ahead_request_then_the_action_finds_it_resident(single):
+def test_a_replica_the_policy_does_not_hold_is_evicted_from_its_worker(single):
+    """Load one ahead under an id the policy never placed: the scheduler's reconciliation evicts it."""
     from distributed.core import rpc
 
     from tangram_dask.messages import WORKER_LOAD_HANDLER
     c = single
     (addr, snap), = c.residency().items()
-    busy = [int(k) for k in snap["replicas"]]
+    idle = [int(k) for k, r in snap["replicas"].items() if not r["pins"]]
 
     async def load():
         async with rpc(addr) as w:
-            return await getattr(w, WORKER_LOAD_HANDLER)(replica=900, model="m-b", gpus=[0], evict=busy, wait=True)
+            return await getattr(w, WORKER_LOAD_HANDLER)(replica=900, model="m-b", gpus=[0], evict=idle, wait=True)
 
-    assert c.client.sync(load) == {"status": "resident"}
-    (snap,) = c.residency().values()
-    assert snap["replicas"][900]["model"] == "m-b" and snap["replicas"][900]["pins"] == 0
-    assert snap["used"] == [param_bytes(ROWS["m-b"])]
+    assert 900 not in c.plugin.policy.gpu.replicas
+    assert c.client.sync(load) == {"status": "resident"}  # the worker obeys a load-ahead request
+    wait_until(lambda: 900 not in next(iter(c.residency().values()))["replicas"], timeout=10,
+               what="the stale replica's eviction")
+    assert models_snapshot(c.client)["counts"]["stale"] >= 1
+    assert next(iter(c.residency().values()))["used"] == [0]
 
 
 # -- a worker killed while loading loses no action ---------------------------------------------------------
 class SlowLoader:
     """The numpy loader, after a pause (a large model's load); picklable, importable by the workers."""
 
-    def __init__(self, path: str, pause_s: float = 4.0):
+    def __init__(self, path: str, pause_s: float = 2.5):
         self.inner = NumpyLoader(path)
         self.pause_s = pause_s
 

@@ -163,7 +163,8 @@ class Residency:
 
     def __init__(self, capacity: Sequence[int], models: Callable[[str], ModelEntry],
                  devices: Callable[[tuple[int, ...]], tuple[str, ...]], *, probe: MemoryProbe | None = None,
-                 report: Callable[[ResidencyReport], None] = lambda r: None, load_threads: int = 4):
+                 report: Callable[[ResidencyReport], None] = lambda r: None, load_threads: int = 4,
+                 room_wait_s: float = 5.0):
         self.capacity = [int(c) for c in capacity]
         self.used = [0] * len(self.capacity)
         self.models = models
@@ -178,6 +179,7 @@ class Residency:
         self._pool = ThreadPoolExecutor(load_threads, thread_name_prefix="tangram-load")
         self._closed = False
         self._placeholders = 0  # negative ids of refused grants (they hold nothing)
+        self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     # -- the action's side ---------------------------------------------------------
     def prepare(self, key: Hashable, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> None:
@@ -271,6 +273,7 @@ class Residency:
                 self._drop(r)
                 return False
             self._drop(r)
+            self._cond.notify_all()  # loads waiting for room
         self.probe.freed(r.devices)
         self.stats.evictions += 1
         self._report(r, EVICTED)
@@ -324,13 +327,20 @@ class Residency:
                     self.evict(e)
             entry = self.models(r.model)
             k = len(r.gpus)
+            est = math.ceil(entry.memory_bytes / k)
+            self._report(r, LOADING)
             with self._cond:
+                # room may be on its way (a stale replica the scheduler is having evicted): wait a while
+                deadline = time.monotonic() + self.room_wait_s
+                while not self._closed and not all(self.used[g] + est <= self.capacity[g] for g in r.gpus):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 if self.replicas.get(r.rid) is not r:
                     return
-                est = math.ceil(entry.memory_bytes / k)
                 self._take(r, est, "is expected to take")
                 r.bytes_per_gpu = est
-            self._report(r, LOADING)
             locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
             for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
                 lk.acquire()

@@ -13,6 +13,11 @@
   (``Policy.set_model``) so later decisions use what the load really took.
 
 It decides nothing: which replica, where, load or evict stays the policy's.
+It keeps the workers' residency equal to the policy's ledger: a replica
+resident on a worker that the policy does not hold (its eviction was decided
+in a grant that never reached the worker: the task was cancelled on the way)
+is evicted on the worker (``tangram_worker_evict``), on each report and once
+a second (:meth:`SchedulerResidency.reconcile`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import ModelSpec
-from ..messages import (MODELS_HANDLER, REGISTER_MODEL_HANDLER, RESIDENCY_HANDLER, WORKER_MODEL_HANDLER,
-                        ModelRegistration, ResidencyReport)
+from ..messages import (MODELS_HANDLER, REGISTER_MODEL_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER,
+                        WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport)
 
 logger = logging.getLogger("tangram_dask.models")
 
@@ -49,13 +54,19 @@ class SchedulerResidency:
     registrations: dict[str, ModelRegistration] = field(default_factory=dict)
     measured: dict[str, Measured] = field(default_factory=dict)
     replicas: dict[str, dict[int, ResidencyReport]] = field(default_factory=dict)  # worker -> replica -> last
-    counts: Counter = field(default_factory=Counter)  # loads, evictions, failures, loading
+    counts: Counter = field(default_factory=Counter)  # loads, evictions, failures, loading, stale
+    _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
 
-    def install(self) -> None:
+    def install(self, reconcile_s: float = 1.0) -> None:
+        from tornado.ioloop import PeriodicCallback
+
         s = self.scheduler
         s.handlers[REGISTER_MODEL_HANDLER] = self.handle_register
         s.handlers[MODELS_HANDLER] = self.handle_models
         s.stream_handlers[RESIDENCY_HANDLER] = self.handle_report
+        pc = PeriodicCallback(self.reconcile, reconcile_s * 1000)
+        s.periodic_callbacks["tangram-residency"] = pc  # stopped with the scheduler
+        pc.start()
 
     # -- registration ----------------------------------------------------------------------
     async def handle_register(self, registration: dict) -> dict[str, Any]:
@@ -105,6 +116,34 @@ class SchedulerResidency:
             self._measured(r)
         for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
             del self.replicas[addr]  # workers gone
+        self.reconcile()
+
+    def reconcile(self) -> None:
+        """Evict, on its worker, each resident replica the policy's ledger does not hold."""
+        pol = self.plugin.policy
+        if pol is None:
+            return
+        held = pol.gpu.replicas  # replica id -> the ledger's replica (read only)
+        for w, reps in self.replicas.items():
+            for rid, r in reps.items():
+                if r.state != "resident" or (w, rid) in self._evicting:
+                    continue
+                k = held.get(rid)
+                if k is not None and k.node == w and k.model == r.model:
+                    continue
+                self._evicting.add((w, rid))
+                self.counts["stale"] += 1
+                self.scheduler.loop.add_callback(self._evict_stale, w, rid, r.model)
+
+    async def _evict_stale(self, worker: str, rid: int, model: str) -> None:
+        try:
+            reply = await getattr(self.scheduler.rpc(worker), WORKER_EVICT_HANDLER)(replica=rid, timeout=0.0)
+            logger.info("tangram: replica %d of %s on %s is not in the policy's ledger: evict -> %s", rid, model,
+                        worker, reply.get("status") if isinstance(reply, dict) else reply)
+        except Exception as e:  # the worker left, or is busy: the next round tries again
+            logger.debug("tangram: evicting stale replica %d on %s: %s", rid, worker, e)
+        finally:
+            self._evicting.discard((worker, rid))
 
     def _measured(self, r: ResidencyReport) -> None:
         k = max(1, len(r.gpus))
