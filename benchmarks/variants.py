@@ -1,10 +1,19 @@
-"""Tangram against fifo and static on variants of the standard files.
+"""Tangram against fifo and static on workloads it was not tuned on, in families.
 
-Varies what a new deployment varies: seed, load (trajectories), hint quality,
-the tool mix, and the cluster's shape. Prints one line per variant with the
-ratios the targets are stated in. Not a test: figures to read.
+- ``std``: variants of the standard files (seed, load, hint quality, tool mix,
+  several steps, an odd cluster shape);
+- ``gpu``: GPU-bound steps (``resources/bench/variants/gpu-bound.yaml`` on
+  ``cluster-gpu-mixed.yaml``): four reward models whose replicas together
+  exceed GPU memory, a 140 GB judge on 2-GPU replicas, a process reward model
+  called as a tool on most turns, a vision judge on 2..4 GPUs, few CPU
+  actions, 80 GB and 141 GB GPUs; seeds, load, node shapes and the mix vary;
+- ``tail``: heavy tails with poor hints (hint sigma 1.5-2.0, kinds with
+  duration sigma 1.5, several steps).
 
-    python benchmarks/variants.py [--quick] [--policy-option key=value ...]
+Prints one line per variant with the ratios the targets are stated in, then
+min/mean/max of each ratio per family. Not a test: figures to read.
+
+    python benchmarks/variants.py [--family std,gpu,tail] [--quick] [-j 2] [-o key=value ...]
 """
 
 from __future__ import annotations
@@ -12,8 +21,10 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,76 +36,180 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 BENCH = ROOT / "resources" / "bench"
+FAMILIES = ("std", "gpu", "tail")
 
 
-def variants(quick: bool):
-    w0 = yaml.safe_load(open(BENCH / "standard.yaml"))
-    c_std = yaml.safe_load(open(BENCH / "cluster-standard.yaml"))
-    c_tight = yaml.safe_load(open(BENCH / "cluster-tight.yaml"))
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def _with(d0: dict, name: str, **changes) -> dict:
+    d = copy.deepcopy(d0)
+    d["name"] = name
+    for k, v in changes.items():
+        if callable(v):
+            v(d)
+        else:
+            d[k] = v
+    return d
+
+
+def std_family(quick: bool) -> list[tuple[dict, dict]]:
+    w0 = _yaml(BENCH / "standard.yaml")
+    c_std = _yaml(BENCH / "cluster-standard.yaml")
+    c_tight = _yaml(BENCH / "cluster-tight.yaml")
     c_odd = copy.deepcopy(c_std)
     c_odd["name"] = "odd"
     c_odd["cpu"]["nodes"] = [{"count": 2, "slots": 48}, {"count": 4, "slots": 8}]
     c_odd["gpu"]["nodes"] = [{"count": 3, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]}]
     out = []
-
-    def w(name, **changes):
-        d = copy.deepcopy(w0)
-        d["name"] = name
-        for k, v in changes.items():
-            if callable(v):
-                v(d)
-            else:
-                d[k] = v
-        return d
-
-    seeds = [1, 2] if quick else [1, 2, 3, 4]
-    for s in seeds:
-        out.append((w(f"seed{s}", seed=s), c_std))
-        out.append((w(f"seed{s}", seed=s), c_tight))
-    out.append((w("load-x1.5", trajectories=384, seed=5), c_std))
-    out.append((w("load-x0.5", trajectories=128, seed=6), c_std))
-    out.append((w("hint-sharp", hint_sigma=0.3, seed=7), c_std))
-    out.append((w("hint-noisy", hint_sigma=1.6, seed=8), c_std))
+    for s in ([1, 2] if quick else [1, 2, 3, 4]):
+        out.append((_with(w0, f"seed{s}", seed=s), c_std))
+        out.append((_with(w0, f"seed{s}", seed=s), c_tight))
+    out.append((_with(w0, "load-x1.5", trajectories=384, seed=5), c_std))
+    out.append((_with(w0, "load-x0.5", trajectories=128, seed=6), c_std))
+    out.append((_with(w0, "hint-sharp", hint_sigma=0.3, seed=7), c_std))
+    out.append((_with(w0, "hint-noisy", hint_sigma=1.6, seed=8), c_std))
 
     def heavy_tests(d):
         d["tools"][0]["weight"] = 0.35
         d["tools"][1]["weight"] = 0.5
-    out.append((w("mix-tests", seed=9, **{"_": heavy_tests}), c_std))
-    out.append((w("steps-3", steps=3, train_time_s=30, trajectories=128, seed=10), c_std))
-    out.append((w("seed11-odd", seed=11), c_odd))
+    out.append((_with(w0, "mix-tests", seed=9, _=heavy_tests), c_std))
+    out.append((_with(w0, "steps-3", steps=3, train_time_s=30, trajectories=128, seed=10), c_std))
+    out.append((_with(w0, "seed11-odd", seed=11), c_odd))
     return out
+
+
+def gpu_family(quick: bool) -> list[tuple[dict, dict]]:
+    w0 = _yaml(BENCH / "variants" / "gpu-bound.yaml")
+    c0 = _yaml(BENCH / "variants" / "cluster-gpu-mixed.yaml")
+    c_h200 = copy.deepcopy(c0)  # more large-memory GPUs, fewer 80 GB ones
+    c_h200["name"] = "gpu-h200"
+    c_h200["gpu"]["nodes"] = [{"count": 1, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]},
+                              {"count": 1, "gpus": 8, "gpu_memory_gb": 141, "groups": [2, 2, 2, 2]}]
+    c_small = copy.deepcopy(c0)  # 8 GPUs only: every model fights for memory
+    c_small["name"] = "gpu-small"
+    c_small["gpu"]["nodes"] = [{"count": 1, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]},
+                               {"count": 1, "gpus": 4, "gpu_memory_gb": 141, "groups": [2, 2]}]
+
+    def xl_heavy(d):  # the 140 GB judge is most of the rewards
+        d["rewards"][0]["weight"] = 0.6
+        d["rewards"][1]["weight"] = 0.2
+        d["rewards"][2]["weight"] = 0.2
+
+    def prm_always(d):  # the process reward model on almost every turn
+        d["tools"][0]["weight"] = 0.85
+        d["tools"][1]["weight"] = 0.10
+        d["tools"][2]["weight"] = 0.05
+
+    out = [(_with(w0, "gpu-seed31", seed=31), c0),
+           (_with(w0, "gpu-seed32", seed=32), c0),
+           (_with(w0, "gpu-h200", seed=33), c_h200),
+           (_with(w0, "gpu-small", seed=34, trajectories=96), c_small),
+           (_with(w0, "gpu-xl-heavy", seed=35, _=xl_heavy), c0),
+           (_with(w0, "gpu-prm-always", seed=36, _=prm_always), c0)]
+    if not quick:
+        out += [(_with(w0, "gpu-load-x2", seed=37, trajectories=256), c0),
+                (_with(w0, "gpu-steps-2", seed=38, steps=2, train_time_s=20, trajectories=96, hint_sigma=1.5), c0)]
+    return out
+
+
+def tail_family(quick: bool) -> list[tuple[dict, dict]]:
+    w0 = _yaml(BENCH / "standard.yaml")
+    c_std = _yaml(BENCH / "cluster-standard.yaml")
+    c_tight = _yaml(BENCH / "cluster-tight.yaml")
+
+    def tails(sig_tests=1.5, sig_code=1.5, sig_judge=None):
+        def f(d):
+            d["tools"][0]["duration_s"]["sigma"] = sig_code
+            d["tools"][1]["duration_s"]["sigma"] = sig_tests
+            if sig_judge is not None:
+                d["rewards"][1]["duration_s"]["sigma"] = sig_judge
+        return f
+
+    out = [(_with(w0, "tail-h1.5", seed=41, hint_sigma=1.5, steps=2, train_time_s=20, trajectories=160,
+                  _=tails()), c_std),
+           (_with(w0, "tail-h2.0", seed=42, hint_sigma=2.0, steps=2, train_time_s=20, trajectories=160,
+                  _=tails()), c_std),
+           (_with(w0, "tail-tight", seed=43, hint_sigma=1.6, steps=2, train_time_s=20, trajectories=128,
+                  _=tails()), c_tight),
+           (_with(w0, "tail-judge", seed=44, hint_sigma=1.5, steps=3, train_time_s=30, trajectories=96,
+                  _=tails(1.5, 1.3, 1.5)), c_std),
+           (_with(w0, "tail-long", seed=45, hint_sigma=1.8, steps=2, train_time_s=20, trajectories=128,
+                  turns={"dist": "geometric", "mean": 12, "max": 60}, _=tails(1.6, 1.0)), c_std)]
+    if not quick:
+        out.append((_with(w0, "tail-load", seed=46, hint_sigma=1.5, steps=2, train_time_s=20, trajectories=256,
+                          _=tails()), c_std))
+    return out
+
+
+def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
+    return {"std": std_family, "gpu": gpu_family, "tail": tail_family}[name](quick)
+
+
+COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
+
+
+def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict:
+    options = TangramOptions(**opts)
+    ws = parse_workload(wd, wd["name"])
+    cs = parse_cluster(cd, cd["name"])
+    gen = generate(ws)
+    t = simulate(gen, cs, "tangram", options=options)
+    f = simulate(gen, cs, "fifo")
+    s = simulate(gen, cs, "static")
+    par = parity(gen, cs, s["step_s"], options=options) if with_parity else None
+    ratios = (t["act_mean_s"] / t["ideal_act_mean_s"], t["step_s"] / t["ideal_step_s"],
+              t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
+              t["act_mean_s"] / f["act_mean_s"], t["step_s"] / f["step_s"])
+    return {"family": fam, "variant": ws.name, "cluster": cs.name, "ratios": ratios, "parity": par,
+            "loads": t["model_loads"], "fifo_loads": f["model_loads"], "restores": t["restores"],
+            "act": (t["act_mean_s"], s["act_mean_s"], f["act_mean_s"])}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail (or all)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parity", action="store_true")
+    ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("-o", "--policy-option", action="append", default=[])
     a = ap.parse_args()
     opts = {}
     for kv in a.policy_option:
         k, v = kv.split("=")
         opts[k] = float(v)
-    options = TangramOptions(**opts)
-    print(f"{'variant':<14}{'cluster':<9}{'act/ideal':>10}{'step/ideal':>11}{'act/fifo':>9}{'act/stat':>9}"
-          f"{'step/stat':>10}{'parity':>7}{'loads':>6}{'rest':>5}")
-    agg = []
-    for wd, cd in variants(a.quick):
-        ws = parse_workload(wd, wd["name"])
-        cs = parse_cluster(cd, cd["name"])
-        gen = generate(ws)
-        t = simulate(gen, cs, "tangram", options=options)
-        f = simulate(gen, cs, "fifo")
-        s = simulate(gen, cs, "static")
-        par = parity(gen, cs, s["step_s"], options=options) if a.parity else None
-        row = (t["act_mean_s"] / t["ideal_act_mean_s"], t["step_s"] / t["ideal_step_s"],
-               t["act_mean_s"] / f["act_mean_s"], t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"])
-        agg.append(row)
-        print(f"{ws.name:<14}{cs.name:<9}{row[0]:>10.3f}{row[1]:>11.3f}{row[2]:>9.3f}{row[3]:>9.3f}{row[4]:>10.3f}"
-              f"{(par if par is not None else float('nan')):>7.2f}{t['model_loads']:>6}{t['restores']:>5}")
-    import numpy as np
-    m = np.mean(agg, axis=0)
-    print(f"{'mean':<23}{m[0]:>10.3f}{m[1]:>11.3f}{m[2]:>9.3f}{m[3]:>9.3f}{m[4]:>10.3f}")
+    fams = FAMILIES if a.family == "all" else tuple(a.family.split(","))
+    jobs = [(fam, wd, cd) for fam in fams for wd, cd in family(fam, a.quick)]
+    print(f"{'variant':<16}{'cluster':<10}" + "".join(f"{c:>11}" for c in COLS)
+          + f"{'parity':>7}{'loads':>6}{'fifo':>6}{'rest':>5}")
+    with ProcessPoolExecutor(a.jobs) if a.jobs > 1 else _Inline() as ex:
+        results = list(ex.map(measure, *zip(*[(f, w, c, opts, a.parity) for f, w, c in jobs])))
+    by_fam: dict[str, list[dict]] = {}
+    for r in results:
+        by_fam.setdefault(r["family"], []).append(r)
+        par = r["parity"] if r["parity"] is not None else float("nan")
+        print(f"{r['variant']:<16}{r['cluster']:<10}" + "".join(f"{x:>11.3f}" for x in r["ratios"])
+              + f"{par:>7.2f}{r['loads']:>6}{r['fifo_loads']:>6}{r['restores']:>5}")
+    for fam, rs in by_fam.items():
+        m = np.array([r["ratios"] for r in rs])
+        print(f"\nfamily {fam}: {len(rs)} variants; tangram's ACT and step below static's on "
+              f"{int(((m[:, 2] < 1) & (m[:, 3] < 1)).sum())}; loads below fifo's on "
+              f"{sum(r['loads'] < r['fifo_loads'] for r in rs)}")
+        print(f"{'':<26}" + "".join(f"{c:>11}" for c in COLS))
+        for label, fn in (("min", np.min), ("mean", np.mean), ("max", np.max)):
+            print(f"{label:<26}" + "".join(f"{x:>11.3f}" for x in fn(m, axis=0)))
+
+
+class _Inline:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, *its):
+        return map(fn, *its)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,10 @@ class TangramOptions:
     admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
+    admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
+    admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
+    residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
+    evict_margin: float = 2.0   # evict a replica its model's demand needs only for 2x its demand per GB
 
 
 @dataclass(slots=True)
@@ -77,9 +81,9 @@ class Pool:
     nowhere else. ``blocked`` is why the head waits (a Shortfall), or None.
     """
 
-    __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked")
+    __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked", "demand")
 
-    def __init__(self, name: str, resource: str):
+    def __init__(self, name: str, resource: str, horizon_s: float = 30.0):
         self.name = name
         self.resource = resource
         self.heap: list[tuple[float, int, ActionId]] = []
@@ -88,6 +92,8 @@ class Pool:
         self.rmin = 0
         self.qwork = 0.0
         self.blocked: Shortfall | None = None
+        # expected work submitted per second (seconds of work on units.min): the pool's recent demand
+        self.demand = Rate(horizon_s, settled=True)
 
     def push(self, aid: ActionId, p: Pending, key: float, seq: int) -> None:
         self.waiting[aid] = p
@@ -140,15 +146,20 @@ class Reservation:
 
 
 class Rate:
-    """EWMA of an event rate (amount per second), bias-corrected at start."""
+    """EWMA of an event rate (amount per second), bias-corrected at start unless ``settled``.
 
-    __slots__ = ("tau", "w", "last", "t0")
+    A ``settled`` rate divides by the full time constant from the first event
+    on: a burst counts as demand only once it has lasted about ``tau``.
+    """
 
-    def __init__(self, tau: float):
+    __slots__ = ("tau", "w", "last", "t0", "settled")
+
+    def __init__(self, tau: float, settled: bool = False):
         self.tau = tau
         self.w = 0.0
         self.last = None
         self.t0 = 0.0
+        self.settled = settled
 
     def add(self, now: float, work: float) -> None:
         if self.last is None:
@@ -162,6 +173,8 @@ class Rate:
         if self.last is None:
             return 0.0
         w = self.w * math.exp((self.last - now) / self.tau) if now > self.last else self.w
+        if self.settled:
+            return w / self.tau
         span = self.tau * (1.0 - math.exp(-(max(now - self.t0, 1e-3)) / self.tau))
         return w / span
 
@@ -190,17 +203,24 @@ class TangramPolicy(Policy):
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
+        self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
+        # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
+        self.traj_work: dict[str, list[float]] = {}
+        self.ended_work = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.ended_n = 0
         self.turn_time = Welford()  # expected action time at units.max
         self.last_end: dict[str, float] = {}
         self.release_rate = Rate(self.opt.horizon_s)  # CPU slots freed per second
         self.traj_n = 0
         self.traj_sum = 0.0
+        self._now = 0.0
+        self._loader_density = 0.0
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
         p = self.pools.get(name)
         if p is None:
-            p = self.pools[name] = Pool(name, "gpu")
+            p = self.pools[name] = Pool(name, "gpu", self.opt.horizon_s)
         return p
 
     # -- trajectories ---------------------------------------------------------
@@ -214,6 +234,11 @@ class TangramPolicy(Policy):
         self.admission_queue.pop(trajectory, None)
         self.admitted.discard(trajectory)
         self.last_end.pop(trajectory, None)
+        acc = self.traj_work.pop(trajectory, None)
+        if acc is not None:
+            self.ended_n += 1
+            for i, x in enumerate(acc):
+                self.ended_work[i] += x
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
@@ -246,11 +271,19 @@ class TangramPolicy(Policy):
             t_u = est * spec.scale(u)
             self.turn_time.add(t_u)
             self.turn_work.add(t_u * u if spec.resource == "cpu" else 0.0)
+            self.turn_units[spec.resource] += t_u * u
+            acc = self.traj_work.get(spec.trajectory)
+            if acc is None:
+                acc = self.traj_work[spec.trajectory] = [0.0, 0.0, 0.0, 0.0, 0.0]
+            acc[_RES[spec.resource]] += t_u * u
+            acc[3] += t_u
+            acc[4] += 1
         if est > 0:
             w = self.ests.get(spec.kind)
             if w is None:
                 w = self.ests[spec.kind] = Welford()
             w.add(math.log(est))
+        self.pool(spec).demand.add(now, est)
         self._enqueue(aid, Pending(spec, est, now))
 
     def _enqueue(self, aid: ActionId, p: Pending) -> None:
@@ -365,12 +398,13 @@ class TangramPolicy(Policy):
         max_wait = math.inf
         if self.gaps.n >= 16 and self.turn_work.n >= 16:
             cycle = self.gaps.mean + self.turn_time.mean
-            demand = self.turn_work.mean / max(cycle, 1e-6)
-            limit = self.opt.admission * cap / max(demand, 1e-6)
+            limit = self._admission_limit(cycle)
             if self.opt.admission_cycles:
                 max_wait = self.opt.admission_cycles * cycle
         else:
             limit = cap  # nothing learned yet: one trajectory per slot
+        if self.opt.admission_queue and self._queueing():
+            limit = min(limit, self.active)
         while self.admission_queue:
             t, asked = next(iter(self.admission_queue.items()))
             if self.active >= limit and now - asked < max_wait:
@@ -379,6 +413,54 @@ class TangramPolicy(Policy):
             self.admitted.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
+
+    def _queueing(self) -> bool:
+        """Work already queued for some resource would make a new trajectory's action wait
+        longer than ``admission_queue`` x a mean action: admitting it adds queueing, not throughput.
+
+        Measured per resource: queued expected unit-seconds over its capacity
+        (the GPUs together, the CPU slots, the API tokens).
+        """
+        if self.turn_time.n < 16:
+            return False
+        bound = self.opt.admission_queue * self.turn_time.mean
+        work = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
+        for pool in self.pools.values():
+            work[pool.resource] += pool.qwork
+        caps = {"cpu": self.cpu.slots, "gpu": self.gpu.total, "api": self.api.total}
+        return any(work[r] > bound * caps[r] for r in work if caps[r] > 0)
+
+    def _admission_limit(self, cycle: float) -> float:
+        """Trajectories in flight at which some resource reaches ``admission`` x its capacity.
+
+        Each resource's demand per active trajectory is its unit-seconds per
+        action over the cycle (LLM gap + action time). With ``admission_gpu``
+        the GPUs and the API quota count as well as the CPU slots: a GPU-bound
+        workload saturates GPUs long before CPU slots, and past that point more
+        trajectories in flight only queue at the reward models.
+        """
+        caps = {"cpu": self.opt.admission * self.cpu.slots}
+        if self.opt.admission_gpu:
+            caps["gpu"] = self.opt.admission_gpu * self.gpu.total
+            caps["api"] = self.opt.admission_gpu * self.api.total
+        if self.opt.admission_gpu and self.ended_n >= 8:
+            # whole trajectories, their last action (the reward) included: what one in flight asks of each resource
+            n = max(self.ended_work[4], 1.0)
+            cycle = self.gaps.mean + self.ended_work[3] / n
+            per = {r: self.ended_work[i] / n for r, i in _RES.items()}
+        else:
+            per = {r: x / max(self.turn_time.n, 1) for r, x in self.turn_units.items()}
+        limit = math.inf
+        for res, cap in caps.items():
+            demand = per[res] / max(cycle, 1e-6)
+            if demand > 0 and cap > 0:
+                limit = min(limit, cap / demand)
+        if limit == math.inf:
+            limit = self.opt.admission * max(self.cpu.slots, 1) / 1e-6
+        if self.opt.admission_gpu and self.ended_n < 8:
+            # rewards come last: until whole trajectories were seen, the demand per action misses them
+            limit = min(limit, max(self.cpu.slots, 1))
+        return limit
 
     # -- CPU: fit, place, size, reserve -------------------------------------------
     def _drain_cpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
@@ -608,11 +690,12 @@ class TangramPolicy(Policy):
                 pool.pop(aid)
                 self._guarded(aid, p, self._start_replica, pool, rid, now, out)
                 continue
-            if not self._should_load(pool):
+            if not self._should_load(pool, now):
                 pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"waiting for a replica of {model} "
                                          "(a new one is not worth its load yet)", model, self._largest_gpus(),
                                          False, spec.kind)
                 return
+            self._now = now
             site = self._load_site(model, spec)
             if site is None:
                 pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"no topology group can take a replica of "
@@ -647,13 +730,34 @@ class TangramPolicy(Policy):
                 best, best_k = rid, k
         return best
 
-    def _should_load(self, pool: Pool) -> bool:
+    def _should_load(self, pool: Pool, now: float) -> bool:
+        """Load one more replica when the work it would find on arrival pays for its load.
+
+        The replicas the model has can do ``reps x load_s`` seconds of work while
+        a new one loads. The work there is for them meanwhile is what waits now
+        plus what the model's recent demand (expected work submitted per second)
+        brings in ``load_s``. When that exceeds ``load_patience`` times what the
+        replicas can do, the new replica has work the moment it is ready: the
+        load saves waiting rather than holding GPUs idle. A model whose arrival
+        rate alone keeps its replicas busy (utilisation >= 1) gets a replica as
+        soon as one of its actions cannot start; a burst gets one when its queue
+        outlasts a load (the earlier rule, which ignored arrivals).
+        """
         model = pool.name
         reps = len(self.gpu.by_model.get(model, ()))
         if reps == 0:
             return True
-        backlog = pool.qmin * self._mean_est(pool) / reps
-        return backlog > self.opt.load_patience * self.models[model].load_s
+        load_s = self.models[model].load_s
+        queued = pool.qmin * self._mean_est(pool)
+        coming = pool.demand.rate(now) * load_s if self.opt.residency else 0.0
+        return queued + coming > self.opt.load_patience * reps * load_s
+
+    def _needed(self, model: str, now: float) -> float:
+        """Replicas the model's recent demand keeps busy (expected work per second; waiters count)."""
+        pool = self.pools.get(model)
+        if pool is None:
+            return 0.0
+        return pool.demand.rate(now) + (1.0 if pool.waiting else 0.0)
 
     def _mean_est(self, pool: Pool) -> float:
         q = pool.heap
@@ -674,6 +778,7 @@ class TangramPolicy(Policy):
         gp = self.gpu
         ms = self.models[model]
         waiting = self._models_waiting()
+        self._loader_density = self._density(model)
         best = None
         for name, st in gp.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
@@ -723,11 +828,36 @@ class TangramPolicy(Policy):
 
     def _evict_rank(self, rid: ReplicaId, waiting: set[str]) -> tuple:
         r = self.gpu.replicas[rid]
+        if self.opt.residency:
+            return (r.model in waiting, self._density(r.model), -len(self.gpu.by_model[r.model]), r.last_used, rid)
         return (r.model in waiting, -len(self.gpu.by_model[r.model]), r.last_used, rid)
 
+    def _density(self, model: str) -> float:
+        """Demand per GB of the model's replicas: what a GB of its residency is worth."""
+        return self._needed(model, self._now) / max(self.models[model].gpu_memory_gb, 1e-6)
+
     def _evictable(self, rid: ReplicaId, waiting: set[str]) -> bool:
+        """Idle, and not a replica its model's demand needs, unless the loader needs the memory more.
+
+        A model keeps ``ceil(needed)`` replicas (recent demand in busy
+        replicas, plus one while it has waiters); a replica beyond that may go.
+        One within it goes only for a model with ``evict_margin`` times its
+        demand per GB (hysteresis: two models of similar demand do not evict
+        each other back and forth, each paying a load).
+        """
         r = self.gpu.replicas[rid]
-        return not r.busy and not (r.model in waiting and len(self.gpu.by_model[r.model]) <= 1)
+        if r.busy:
+            return False
+        reps = len(self.gpu.by_model[r.model])
+        if r.model in waiting and reps <= 1:
+            return False
+        if not self.opt.residency:
+            return True
+        if r.model not in self.pools and self.traj_n < 8:
+            return False  # deployed for demand not seen yet (rewards come last): keep it until trajectories end
+        if reps > math.ceil(self._needed(r.model, self._now)):
+            return True
+        return self._loader_density > self.opt.evict_margin * self._density(r.model)
 
     # -- snapshot ---------------------------------------------------------------------
     def _queued(self) -> dict[str, int]:
@@ -768,4 +898,5 @@ class TangramPolicy(Policy):
         return out
 
 
-_HOME = object()  # _fit_cpu's answer: wait at the trajectory's home
+_HOME = object()
+_RES = {"cpu": 0, "gpu": 1, "api": 2}  # _fit_cpu's answer: wait at the trajectory's home
