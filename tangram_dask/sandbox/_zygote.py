@@ -12,6 +12,13 @@ and a JSON object. The host sends ``{"op": "run", ...}``, ``{"op": "ping"}`` or
 
 The untrusted code never sees these pipes: each child closes every descriptor
 but its own stdin/stdout/stderr (and a status pipe that is close-on-exec).
+
+Isolation (``CONFIG["ns"]``): once, the zygote gets a mount namespace (the
+process backend: user, mount, PID, network, IPC, UTS namespaces, then it forks
+and goes on as PID 1), hides the host's sandbox dir and makes every mount
+read-only. Per action it mounts one tmpfs for /tmp, /dev/shm and the working
+dir, and unmounts it after the run: nothing the action wrote survives it but a
+stateful working dir, which is copied in before and back out after.
 """
 
 import base64

@@ -1,23 +1,25 @@
 """Isolation backends: one small interface, ``start``, ``run``, ``reset``, ``close``.
 
 A :class:`Sandbox` is a warm *zygote* (``_zygote.py``): a Python process that has
-already started inside its isolation, with a private working directory and
-/tmp, and that runs each action in a fresh forked child (so Python is already
-imported) under per-action limits. After a run it kills whatever the code left
-behind; :meth:`Sandbox.reset` wipes the directories for the next action.
+already started inside its isolation and runs each action in a fresh forked
+child (so Python is already imported) under per-action limits. Each action gets
+a fresh tmpfs for /tmp, /dev/shm and its working dir (one size and file quota)
+in a mount namespace where everything else is read-only; after the run the
+zygote kills whatever the code left behind and unmounts the tmpfs.
 
 Backends differ only in how the zygote is confined:
 
-``bwrap``   bubblewrap: own mount, PID, network, IPC and UTS namespaces; the
-            system read-only (only /usr, the Python prefix and named paths are
-            visible), private /tmp and working dir, dies with the worker.
-``process`` a plain child process, for where bubblewrap cannot run (an
-            unprivileged pod): rlimits on CPU time, address space, processes,
-            file size and open files, own session and process group, scrubbed
-            environment; it runs the code as an unprivileged uid when the worker
-            is root and puts itself in a new network namespace where allowed.
+``bwrap``   bubblewrap: own mount, PID, network, IPC and UTS namespaces (plus a
+            user namespace when unprivileged); only /usr, the Python prefix and
+            named paths are visible; dies with the worker.
+``process`` the host's filesystem (read-only), for where bubblewrap cannot run:
+            the zygote makes its own user (unprivileged), mount, PID, network,
+            IPC and UTS namespaces where the kernel allows; rlimits, own
+            session, scrubbed environment. Without namespaces it is a plain
+            child with rlimits, says so, and ``strict=True`` refuses it.
 
-:func:`containment` says, per backend and per threat, what is contained here.
+A root worker never runs code as root or as itself (:func:`code_uid`).
+:func:`containment` says, per backend, worker and case, what is contained.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The pool keeps ``size`` sandboxes started; background *starter* threads (at most
 recycled, and sweep expired trajectory dirs. :meth:`SandboxPool.acquire` hands
 out a ready one (microseconds when warm; a cold start when none is) with the
 CPUs granted to the action; :meth:`Lease.release` resets it for the next
-action (a wipe of two directories), or recycles it after ``max_uses`` actions
+action (its zygote already dropped the action's tmpfs), or recycles it after ``max_uses`` actions
 or on any sign of damage. A sandbox never goes from one trajectory to another
 with state in it: a trajectory's dir is moved in and out around its action.
 
