@@ -794,15 +794,36 @@ class TangramPolicy(Policy):
                     order = [rid for rid in order if self._evictable(rid, waiting)]
                     plan = gp.eviction_plan(name, gpus, share, order)
                     if plan is not None:
-                        score = len(plan)
-                        if best is None or score < best[0]:
-                            best = (score, name, gpus, plan)
-                            if score == 0:
-                                return name, gpus, plan
+                        if self.opt.residency:
+                            score = (self._contention(cands, plan), len(plan))
+                            if best is None or score < best[0]:
+                                best = (score, name, gpus, plan)
+                        else:
+                            score = len(plan)
+                            if best is None or score < best[0]:
+                                best = (score, name, gpus, plan)
+                                if score == 0:
+                                    return name, gpus, plan
                 start += size
         if best is None:
             best = self._spanning_site(model, spec, waiting)
         return None if best is None else best[1:]
+
+    def _contention(self, cands: set[ReplicaId], plan: list[ReplicaId]) -> float:
+        """How busy the replicas that stay on the chosen GPUs are expected to be.
+
+        A GPU runs one action at a time: a replica placed beside another model's
+        busy replica waits whenever that one serves (and blocks it in turn).
+        Each staying replica counts its model's demand per replica (capped at 1).
+        """
+        gp = self.gpu
+        out = 0.0
+        for rid in cands:
+            if rid in plan:
+                continue
+            m = gp.replicas[rid].model
+            out += min(1.0, self._needed(m, self._now) / max(len(gp.by_model[m]), 1))
+        return round(out, 6)
 
     def _spanning_site(self, model: str, spec: ActionSpec, waiting: set[str]) -> tuple | None:
         """A replica too large for any topology group spans groups (and pays the slowdown)."""
