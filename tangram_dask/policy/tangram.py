@@ -58,6 +58,7 @@ class TangramOptions:
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
     admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
+    admission_warmup: float = 8.0  # one trajectory per CPU slot at most until this many trajectories ended
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     evict_margin: float = 2.0   # evict a replica its model's demand needs only for 2x its demand per GB
@@ -443,7 +444,7 @@ class TangramPolicy(Policy):
         if self.opt.admission_gpu:
             caps["gpu"] = self.opt.admission_gpu * self.gpu.total
             caps["api"] = self.opt.admission_gpu * self.api.total
-        if self.opt.admission_gpu and self.ended_n >= 8:
+        if self.opt.admission_gpu and self.ended_n >= max(self.opt.admission_warmup, 8):
             # whole trajectories, their last action (the reward) included: what one in flight asks of each resource
             n = max(self.ended_work[4], 1.0)
             cycle = self.gaps.mean + self.ended_work[3] / n
@@ -457,7 +458,7 @@ class TangramPolicy(Policy):
                 limit = min(limit, cap / demand)
         if limit == math.inf:
             limit = self.opt.admission * max(self.cpu.slots, 1) / 1e-6
-        if self.opt.admission_gpu and self.ended_n < 8:
+        if self.opt.admission_gpu and self.ended_n < self.opt.admission_warmup:
             # rewards come last: until whole trajectories were seen, the demand per action misses them
             limit = min(limit, max(self.cpu.slots, 1))
         return limit
