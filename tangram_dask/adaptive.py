@@ -716,10 +716,19 @@ def adaptive_class() -> type:
 
     class TangramAdaptive(Adaptive):
         async def target(self) -> int:
+            """The scheduler's total; on a cluster that grows per kind (:func:`kinds_cluster`), while a
+            kind is below its target, the workers there or on their way plus what the short kinds lack
+            (the total alone cannot say "one GPU worker instead of one CPU worker")."""
             msg = await self.scheduler.tangram_targets(target_duration=self.target_duration)
             setter = getattr(self.cluster, "set_targets", None)
             if setter is not None:
                 setter(msg)
+            counts = getattr(self.cluster, "counts", None)
+            if counts is not None:
+                have = counts()
+                short = sum(max(0, int(k["target"]) - have.get(name, 0)) for name, k in msg["kinds"].items())
+                if short:
+                    return len(self.plan) + short
             return int(msg["total"])
 
         async def scale_down(self, workers: Iterable[str]) -> None:
