@@ -48,11 +48,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--backend", default="bwrap", choices=["bwrap", "process", "auto"])
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
+    ap.add_argument("--python", default=None, help="the sandboxes' interpreter (default: this one)")
     args = ap.parse_args()
     checks = load_checks(args.limit)
     print(f"checks={len(checks)} ({len(checks) // 2} problems x canonical+broken) workers={args.workers} "
           f"cpus={len(os.sched_getaffinity(0))} load={os.getloadavg()[0]:.2f}")
-    with SandboxPool(backend=args.backend, size=args.workers, memory_bytes=1 << 30) as pool:
+    extra = {"python": args.python} if args.python else {}
+    with SandboxPool(backend=args.backend, size=args.workers, memory_bytes=1 << 30, **extra) as pool:
         assert pool.wait_ready(60)
         print(f"sandbox backend={pool.statistics().backend}")
         sb_times, bl_times = [], []

@@ -232,3 +232,23 @@ def test_sandboxes_die_with_their_worker(backend, tmp_path):
         assert not any(os.path.exists(f"/proc/{p}") for p in pids)
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize("change", [
+    "open('/tmp/left', 'w').write('x')",
+    "import os; os.chmod('/tmp', 0o700)",
+    "import os; os.setxattr('/dev/shm', 'user.note', b'left')",
+    "import os; os.mkdir('d'); os.chmod('.', 0o500)",
+], ids=["file", "chmod", "xattr", "workdir"])
+def test_an_action_that_changes_its_writable_places_leaves_nothing_to_the_next(pool, change):
+    """A tmpfs an action left as it got it is passed on (no remount); any change drops it."""
+    look = ("import os\n"
+            "print([(d, oct(os.stat(d).st_mode & 0o7777), sorted(os.listdir(d)), os.listxattr(d))"
+            " for d in ('/tmp', '/dev/shm', '.')])\n")
+    fresh = run_code(look, pool=pool)
+    assert fresh.ok, fresh
+    for _ in range(2):  # both sandboxes of the pool
+        assert run_code(change, pool=pool).ok
+    for _ in range(4):
+        r = run_code(look, pool=pool)
+        assert r.stdout == fresh.stdout, (change, r.stdout, fresh.stdout)

@@ -57,7 +57,6 @@ SYS_CLOSE_RANGE = 436
 SYS_OPEN_TREE = 428
 OPEN_TREE_CLONE = 1
 SYS_CAPSET = 126 if os.uname().machine == "x86_64" else 91
-SCRATCH = ".s"            # where each action's tmpfs is mounted before its parts are bound in place
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -110,6 +109,41 @@ def _drop_caps():
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)
     data = (ctypes.c_uint32 * 6)()
     _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
+
+
+# seccomp: the kernel keyrings are per uid, shared by every action (and, as a root worker's uid 65534,
+# every sandbox of the node): a key added by one action would be read by the next. The code gets
+# EPERM from add_key, request_key and keyctl.
+_KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+
+
+def _deny_keyrings():
+    arch = _KEY_SYSCALLS.get(os.uname().machine)
+    if arch is None:
+        return False
+    audit_arch, calls = arch
+    LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06
+    ALLOW, ERRNO_EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM
+    prog = [(LD_W_ABS, 0, 0, 4),                               # seccomp_data.arch
+            (JEQ_K, 1, 0, audit_arch),                         # our arch: go on; else allow
+            (RET_K, 0, 0, ALLOW),
+            (LD_W_ABS, 0, 0, 0)]                               # seccomp_data.nr
+    for i, nr in enumerate(calls):
+        prog.append((JEQ_K, len(calls) - i, 0, nr))            # match: jump to the EPERM return
+    prog += [(RET_K, 0, 0, ALLOW), (RET_K, 0, 0, ERRNO_EPERM)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
+    fprog = Fprog(len(prog), filters)
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+    return True
 
 
 class _fsid:
@@ -303,7 +337,6 @@ def _prepare():
         _check(-1, f"open_tree {area}")
     _mount("tmpfs", area, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=64,mode=0755")
     os.mkdir(os.path.join(area, "work"), 0o755)
-    os.mkdir(os.path.join(area, SCRATCH), 0o700)
     if area.startswith("/tmp/"):  # each action's fresh /tmp would hide it: bound again there
         TMP_FDS[area] = os.open(area, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     _read_only_everywhere()
@@ -508,6 +541,10 @@ def _child(req, fds):
         os.write(3, f"cpu={affinity}\n".encode())
         _set_limits(req)
         _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary, no file capability can raise it again
+        if ISO["scratch"]:
+            # its own IPC namespace: System V and POSIX message queues/shared memory die with the action
+            _check(_libc.unshare(CLONE_NEWIPC), "unshare(ipc)")
+        _deny_keyrings()
         _become_code_user()
         work = req["cwd"]
         if req.get("stateful") and ISO["scratch"]:
@@ -597,22 +634,82 @@ def _print_exc():
 
 # -- one run -----------------------------------------------------------------
 
+MOUNTED = {"quota": None}  # the quota of the tmpfs mounted now (None: none is)
+
+
 def do_run(req):
+    reused = False
     if ISO["scratch"]:
-        _mount_scratch(req)
+        quota = (req.get("work_bytes"), req.get("work_files"))
+        if MOUNTED["quota"] is not None and MOUNTED["quota"] != quota:
+            _drop_scratch()
+        reused = MOUNTED["quota"] is not None
+        if not reused:
+            _mount_scratch(req)
+            MOUNTED["quota"] = quota
     try:
         res = _do_run(req)
     except BaseException:
         if ISO["scratch"]:
             kill_leftovers()
-            _unmount_scratch()
+            _drop_scratch()
         raise
     res["full"] = ISO["scratch"] and _scratch_full()
+    res["scratch_reused"] = reused
     res["saved"] = ""
-    if req.get("stateful") and ISO["scratch"] and res["clean"]:
-        res["saved"] = _save_state()
-    res["wipe"] = _unmount_scratch() if ISO["scratch"] else ""
+    res["wipe"] = ""
+    if ISO["scratch"]:
+        if req.get("stateful") and res["clean"]:
+            res["saved"] = _save_state()
+        # an action that left its tmpfs exactly as it got it (most do: nothing written) passes it on;
+        # any other is unmounted, and the next action gets a new one
+        if req.get("stateful") or not res["clean"] or not _scratch_pristine():
+            res["wipe"] = _drop_scratch()
     return res
+
+
+def _drop_scratch():
+    MOUNTED["quota"] = None
+    return _unmount_scratch()
+
+
+def _expected_scratch():
+    """Each dir of a fresh scratch, with the names it holds, its mode and its owner."""
+    uid = CONFIG["uid"] if CONFIG.get("uid") is not None else os.getuid()
+    want = {"/tmp": (set(), 0o1777), "/dev/shm": (set(), 0o1777), os.path.join(CONFIG["area"], "work"): (set(), 0o700)}
+    for p in TMP_FDS:  # the mount points of the paths kept under /tmp, and the dirs leading to them
+        parent = "/tmp"
+        for name in p[len("/tmp/"):].split("/"):
+            want[parent][0].add(name)
+            parent = f"{parent}/{name}"
+            if parent != p:
+                want.setdefault(parent, (set(), 0o755))
+    return uid, want
+
+
+def _scratch_pristine():
+    """Whether the action's tmpfs is as it was mounted: no entry, mode, owner or xattr changed."""
+    uid, want = _expected_scratch()
+    try:
+        with _fsid(CONFIG.get("uid"), CONFIG.get("gid", CONFIG.get("uid"))):  # the zygote may lack DAC caps
+            return _matches(uid, want)
+    except OSError:
+        return False
+
+
+def _matches(uid, want):
+    for d, (names, mode) in want.items():
+        st = os.lstat(d)
+        if not stat_isdir(st.st_mode) or st.st_uid != uid or (st.st_mode & 0o7777) != mode:
+            return False
+        if set(os.listdir(d)) != names or os.listxattr(d, follow_symlinks=False):
+            return False
+    st = os.statvfs("/tmp")
+    return st.f_files - st.f_ffree == 4 + len(_keep_dirs())  # no inode held elsewhere (e.g. an open fd)
+
+
+def stat_isdir(mode):
+    return (mode & 0o170000) == 0o040000
 
 
 def _do_run(req):

@@ -53,7 +53,7 @@ THREATS = (
     "infinite_loop", "ignore_sigterm", "fork_bomb", "fork_bomb_libc", "memory", "file_size", "file_flood",
     "disk_fill", "fd_flood", "output_flood", "binary_output", "raise_limits", "privileges",
     "read_host_files", "proc_worker", "env_leak", "fd_leak", "persist_writable", "write_outside",
-    "network", "kill_processes", "leftover_process", "close_stdout", "snapshot_symlink",
+    "network", "kill_processes", "leftover_process", "close_stdout", "snapshot_symlink", "sysv_ipc", "keyring",
 )
 
 
@@ -793,6 +793,8 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         "fd_leak": (Y, "the child closes every descriptor but 0-2 and its status pipe (3)"),
         "env_leak": (Y, "the code's environment is built from scratch; the zygote started with PATH and LANG only"),
         "snapshot_symlink": (Y, "a snapshot with a link out is refused before the source removes anything"),
+        "keyring": (Y, "seccomp: add_key, request_key and keyctl fail with EPERM (keyrings are per uid, "
+                       "shared by every action)"),
     }
     nproc = "RLIMIT_NPROC" + (" (uid 65534: shared by all sandboxes of the node)" if root else
                               " (counted in the sandbox's user namespace)" if isolated else
@@ -809,6 +811,7 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         c["kill_processes"] = (Y, "own PID namespace, the zygote is its PID 1: nothing else is visible")
         c["proc_worker"] = (Y, "own PID namespace and /proc: the worker's command line and environment "
                             "are not there")
+        c["sysv_ipc"] = (Y, "each action has its own IPC namespace: its shared memory and queues die with it")
     else:
         c["file_flood"] = (N, "no mount namespace: the working dir is a host dir without an inode quota")
         c["disk_fill"] = (N, "no mount namespace: only RLIMIT_FSIZE per file")
@@ -817,6 +820,7 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         c["network"] = (N, "no network namespace: the code can connect")
         c["kill_processes"] = (N, "no PID namespace: the code can signal the worker (same uid)")
         c["proc_worker"] = (N, "no PID namespace: the worker's /proc (command line, environment) is readable")
+        c["sysv_ipc"] = (N, "no IPC namespace: System V shared memory outlives the action")
     if backend == "bwrap":
         c["read_host_files"] = (Y, "only /usr, the Python prefix and named ro_binds are mounted")
     elif root:

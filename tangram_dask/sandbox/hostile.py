@@ -384,6 +384,39 @@ def _evil_members() -> list[tuple[str, tarfile.TarInfo]]:
     return out
 
 
+def c_sysv_ipc(cx: Context) -> Obs:
+    """A System V shared memory segment left by one action, looked for by the next."""
+    key = 0x7A6E0000 | (os.getpid() & 0xFFFF)
+    make = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print('made', libc.shmget({key}, 4096, 0o1000 | 0o600))\n")
+    find = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print('found', libc.shmget({key}, 0, 0))\n")
+    obs = _res(cx.run(make))
+    obs["made"] = _lines_of(obs).get("made")
+    obs["found"] = _lines_of(_res(cx.run(find, trajectory="another"))).get("found")
+    cx.pool.end_trajectory("another")
+    if obs["found"] not in (None, "-1"):  # clean the host's IPC namespace up
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmctl(int(obs["found"]), 0, None)  # IPC_RMID
+    return obs
+
+
+def c_keyring(cx: Context) -> Obs:
+    """A key put in the uid's keyring by one action, looked for by the next."""
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+            "nr = {'x86_64': (248, 250), 'aarch64': (217, 219)}[os.uname().machine]\n"
+            "r = libc.syscall(nr[0], b'user', b'tangram-hostile', b'left', 3, ctypes.c_long(-4))\n"
+            "print('add_key', 'OK' if r >= 0 else os.strerror(ctypes.get_errno()).replace(' ', '_'))\n"
+            "r = libc.syscall(nr[1], 10, ctypes.c_long(-4), b'user', b'tangram-hostile', 0)\n"
+            "print('search', 'FOUND' if r >= 0 else 'none')\n")
+    obs = _res(cx.run(code))
+    obs.update(_lines_of(obs))
+    obs["next_search"] = _lines_of(_res(cx.run(code.replace("b'left', 3", "b'left', 0"))))["search"] \
+        if obs.get("add_key") == "OK" else "none"
+    return obs
+
+
 CASES: dict[str, Callable[[Context], Obs]] = {name: globals()[f"c_{name}"] for name in THREATS}
 
 
@@ -450,6 +483,10 @@ def judge(case: str, obs: Obs, root: bool) -> str:
         restored = [x for x in obs["restores"] if x.endswith("RESTORED")]
         return "yes" if obs["snapshot"].startswith("refused") and obs["kept"] and obs["kept_after_restores"] \
             and not restored else "no"
+    if case == "sysv_ipc":
+        return "yes" if obs.get("found") == "-1" else "no"
+    if case == "keyring":
+        return "yes" if obs.get("add_key") != "OK" and obs.get("search") == "none" else "no"
     raise ValueError(f"unknown case {case!r}")
 
 
