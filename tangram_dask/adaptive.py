@@ -496,17 +496,19 @@ class AdaptiveExtension:
         self._wait_for_capacity()
         return self.targets(target_duration).to_msg()
 
-    def to_close(self) -> list[str]:
+    def to_close(self, snap: Any = None) -> list[str]:
         pol = self.plugin.policy
         if pol is None:
             return []
-        t = self.targets()
+        snap = snap if snap is not None else pol.snapshot()
         kinds = self.kinds()
         workers = self.worker_kinds(kinds)
+        t = compute_targets(snap.pools, snap.unplaceable, snap.nodes, workers, kinds, pol.models,
+                            self._target_duration())
         busy = [a for a, ws in self.scheduler.workers.items() if ws.processing or ws.long_running]
-        return choose_to_close(t, pol.snapshot().nodes, workers, busy)
+        return choose_to_close(t, snap.nodes, workers, busy)
 
-    def safe(self, addr: str) -> bool:
+    def safe(self, addr: str, snap: Any = None) -> bool:
         """May this worker leave now? Nothing runs there, no needed replica, no trajectory homed there."""
         pol = self.plugin.policy
         ws = self.scheduler.workers.get(addr)
@@ -516,7 +518,7 @@ class AdaptiveExtension:
             return False
         if pol is None:
             return True
-        for n in pol.snapshot().nodes:
+        for n in (snap if snap is not None else pol.snapshot()).nodes:
             if n.node == addr:
                 return not (n.running or n.replicas_needed or n.homes)
         return True
@@ -529,8 +531,12 @@ class AdaptiveExtension:
         return set(self.reserved)
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
-        allowed = self._reserved() or set(self.to_close())
-        return [ws for ws in workers if ws.address in allowed and self.safe(ws.address)]
+        """What ``Scheduler.workers_to_close`` may offer: the workers a scaler drained, else the safe
+        workers of kinds with a surplus (one policy snapshot for the whole call)."""
+        pol = self.plugin.policy
+        snap = pol.snapshot() if pol is not None else None
+        allowed = self._reserved() or set(self.to_close(snap))
+        return [ws for ws in workers if ws.address in allowed and self.safe(ws.address, snap)]
 
     async def drain(self, addrs: Sequence[str] | None = None) -> dict[str, Any]:
         """Move the trajectory state off the workers chosen to leave (default: :meth:`to_close`)."""
