@@ -52,13 +52,17 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N problems only")
     ap.add_argument("--threads", type=int, default=2, help="worker threads = sandbox slots = baseline threads")
     ap.add_argument("--backend", default="auto", choices=["auto", "bwrap", "process"])
+    ap.add_argument("--python", default=None,
+                    help="the sandboxes' interpreter (a root worker's process backend needs one that uid 65534 "
+                         "can read, e.g. /usr/bin/python3)")
     args = ap.parse_args()
     checks = load_checks(args.limit)
 
     with LocalCluster(n_workers=1, threads_per_worker=args.threads, processes=True,
                       resources={"slots": args.threads}, dashboard_address=":0") as cluster, Client(cluster) as client:
         print(register_scheduler_plugin(client))
-        client.register_plugin(SandboxPlugin(backend=args.backend, memory_bytes=1 << 30))
+        extra = {"python": args.python} if args.python else {}
+        client.register_plugin(SandboxPlugin(backend=args.backend, memory_bytes=1 << 30, **extra))
         client.submit(score, "pass", pure=False).result()  # the pool is warm
 
         t0 = time.perf_counter()
