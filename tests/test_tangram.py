@@ -242,3 +242,93 @@ def test_ending_a_trajectory_that_was_never_admitted_does_not_free_a_place():
     assert pol.schedule(1.0) == [] and pol.active == 1
     pol.end_trajectory("a", 2.0)
     assert [d.trajectory for d in pol.schedule(2.0)] == ["b"]
+
+
+# -- GPU residency and admission (docs/scheduling.md, "Residency" and "Admission") ------------------------------
+def _gpu_policy(options: TangramOptions | None = None, gpus: int = 2, tokens: int = 0) -> TangramPolicy:
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy.types import ReplicaSpec
+
+    cluster = ClusterSpec("g", (), (GpuNode("gpu-0", gpus, 80.0, (gpus,)),), 2.0, tokens)
+    models = {"judge": ModelSpec("judge", 60.0, 60.0), "prm": ModelSpec("prm", 30.0, 20.0)}
+    # the judge was deployed before the step on GPU 0; GPU 1 is free
+    return TangramPolicy(cluster, models, [ReplicaSpec("judge", "gpu-0", (0,))], options=options)
+
+
+def _prm(i: int, hint: float = 1.0):
+    from tangram_dask.spec import ActionSpec
+
+    return ActionSpec("prm_score", "gpu", 1, 1, 0.0, hint, f"t{i}", "prm")
+
+
+def test_a_model_whose_demand_is_not_seen_yet_keeps_its_replica():
+    """The judge serves rewards, which come last: before trajectories have ended, a tool model's
+    loads do not evict it (its first reward would pay a 60 s reload). Without residency they do."""
+    kept = _gpu_policy()
+    evicted = _gpu_policy(TangramOptions(residency=0))
+    for pol in (kept, evicted):
+        for i in range(3):
+            pol.submit(i, _prm(i, 30.0), 0.0)  # a backlog worth two more replicas
+        pol.schedule(0.0)
+    assert sorted(r.model for r in kept.gpu.replicas.values()) == ["judge", "prm"]  # GPU 1 only
+    assert sorted(r.model for r in evicted.gpu.replicas.values()) == ["prm", "prm"]
+
+
+def test_a_steady_arrival_rate_gets_a_replica_before_its_queue_outlasts_a_load():
+    """One prm replica serves one 1 s action per second; they arrive at two per second. After 15 s
+    about 15 s of work waits, below the 20 s load: the backlog rule alone still waits. The demand
+    rule loads (at about 9 s), because what arrives during the load adds about 1.3 x 20 s of work."""
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy.types import ReplicaSpec
+
+    def loads_in_15_s(residency):
+        cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 2, 80.0, (2,)),), 2.0, 0)
+        models = {"prm": ModelSpec("prm", 30.0, 20.0)}
+        pol = TangramPolicy(cluster, models, [ReplicaSpec("prm", "gpu-0", (0,))],
+                            options=TangramOptions(residency=residency))
+        aid, loads, running = 0, 0, []
+        for t in range(15):
+            if running:
+                pol.finish(running.pop(0), float(t), 1.0)
+            for _ in range(2):
+                pol.submit(aid, _prm(aid, 1.0), float(t))
+                aid += 1
+            for d in pol.schedule(float(t)):
+                if isinstance(d, Start):
+                    loads += d.load
+                    running.append(d.action)
+        return loads
+    assert loads_in_15_s(0) == 0
+    assert loads_in_15_s(1) == 1
+
+
+def test_admission_counts_gpu_demand_when_gpus_saturate_first():
+    """A GPU-only workload: CPU demand never gates it, GPU demand does. 16 trajectories (one per CPU
+    slot, nothing learned yet) each issue a 2 s GPU action after a 4 s gap, and end. Demand per
+    trajectory is then 2 GPU-s per 6 s cycle = 1/3 GPU: 0.6 x 2 GPUs / (1/3) = 3.6 in flight."""
+    from tangram_dask.cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
+    from tangram_dask.policy.types import Admit, ReplicaSpec
+    from tangram_dask.spec import ActionSpec
+
+    def admitted_after_learning(admission_gpu):
+        cluster = ClusterSpec("g", (CpuNode("cpu-0", 16),), (GpuNode("gpu-0", 2, 80.0, (2,)),), 2.0, 0)
+        models = {"prm": ModelSpec("prm", 30.0, 20.0)}
+        pol = TangramPolicy(cluster, models, [ReplicaSpec("prm", "gpu-0", (0,)), ReplicaSpec("prm", "gpu-0", (1,))],
+                            options=TangramOptions(admission_gpu=admission_gpu, admission_queue=0))
+        for i in range(200):
+            pol.begin_trajectory(f"t{i}", 0.0)
+        first = [d.trajectory for d in pol.schedule(0.0) if isinstance(d, Admit)]
+        assert len(first) == 16  # one per CPU slot until something is learned
+        for aid, t in enumerate(first):
+            pol.submit(aid, ActionSpec("prm_score", "gpu", 1, 1, 0.0, 2.0, t, "prm"), 4.0)
+        n = 0
+        while pol.running or any(p.waiting for p in pol.pools.values()):
+            for d in pol.schedule(4.0):
+                n += isinstance(d, Admit)
+                if isinstance(d, Start):
+                    pol.finish(d.action, 6.0, 2.0)
+        for t in first:
+            pol.end_trajectory(t, 6.0)
+        return n + sum(isinstance(d, Admit) for d in pol.schedule(6.0))
+    assert admitted_after_learning(0.0) == 184  # CPU-only gate: no CPU demand, everyone goes
+    assert admitted_after_learning(0.6) == 4    # active 0, 1, 2, 3 < 3.6
