@@ -53,6 +53,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.dt = cluster, dt
         self.samples: list[tuple[float, dict[str, int]]] = []
+        self.targets: list[tuple] = []  # (total target, cpu actions waiting, running) per sample
         self.stop = threading.Event()
         self.t0 = time.monotonic()
 
@@ -70,6 +71,13 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.samples.append((time.monotonic() - self.t0, self.counts()))
+            ext = self.cluster.scheduler.plugins.get("tangram-adaptive")
+            pol = self.cluster.scheduler.plugins["tangram"].policy
+            try:
+                cpu = next(p for p in pol.snapshot().pools if p.pool == "cpu")
+                self.targets.append((ext.targets().total, cpu.queued, cpu.running))
+            except Exception as e:  # sampled from another thread: a snapshot may race a change
+                self.targets.append((None, None, repr(e)))
             time.sleep(self.dt)
 
     def worker_seconds(self, start: float, end: float) -> float:
@@ -151,7 +159,7 @@ def run_workload(adaptive: bool, args: argparse.Namespace) -> dict:
             "final_workers": len(cluster.scheduler.workers),
             "moves_before_retirement": ext.stats.moved,
             "retire_refused": ext.stats.refused,
-            "timeline": [(round(t, 1), c) for t, c in sampler.samples[::2]],
+            "timeline": [(round(t, 1), c, *tg) for (t, c), tg in list(zip(sampler.samples, sampler.targets))[::2]],
         })
         return result
 
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trajectories", type=int, default=24)
-    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--llm-s", type=float, default=0.5)
     ap.add_argument("--action-s", type=float, default=1.0)
     ap.add_argument("--ramp-s", type=float, default=12.0)
@@ -184,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"state_lost {r['state_lost']}  worker-s {r['worker_seconds']}  mean ACT {r['mean_act_s']} s  "
                   f"p90 {r['p90_act_s']} s  peak {r['peak_workers']}  final {r['final_workers']}  "
                   f"moves {r['moves_before_retirement']}")
-            print("        workers over time (s: per kind): " +
-                  " ".join(f"{t}:{sum(c.values())}" for t, c in r["timeline"]))
+            print("        time s: workers per kind (target, waiting, running): " +
+                  " ".join(f"{t}:{'+'.join(f'{n}' for n in c.values())}({tg},{q},{run})"
+                           for t, c, tg, q, run in r["timeline"]))
             for e in r["errors"][:5]:
                 print("        ", e)
         print(summary)
