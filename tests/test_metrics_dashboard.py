@@ -164,6 +164,28 @@ def test_workers_export_their_sandbox_pools(env):
     assert all(s["size"] == 2 for s in st["sandboxes"].values())
 
 
+def test_register_plugin_on_a_running_scheduler_adds_the_page():
+    """``client.register_plugin``: the page arrives after the Bokeh server was built, and is listed."""
+    async def main() -> None:
+        http = AsyncHTTPClient()
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0) as s, \
+                Client(s.address, asynchronous=True) as c:
+            base = f"http://127.0.0.1:{s.http_server.port}"
+            before = json.loads((await http.fetch(base + "/individual-plots.json")).body)
+            await c.register_plugin(TangramSchedulerPlugin(api_tokens=4))
+            plots = json.loads((await http.fetch(base + "/individual-plots.json")).body)
+            assert set(plots.values()) - set(before.values()) >= {"/individual-tangram-act",
+                                                                  "/individual-tangram-pools"}
+            assert set(before.values()) <= set(plots.values())
+            st = json.loads((await http.fetch(base + "/tangram/state.json")).body)
+            assert [p["capacity"] for p in st["policy"]["pools"] if p["resource"] == "api"] == [4]
+            page = (await http.fetch(base + "/tangram")).body.decode()
+            assert page.count("data-root-id") >= 7  # the seven plots of the template
+            status = (await http.fetch(base + "/status")).body.decode()
+            assert 'href="tangram"' in status
+    asyncio.run(main())
+
+
 def test_several_schedulers_in_one_process_do_not_collide():
     async def main() -> None:
         http = AsyncHTTPClient()
