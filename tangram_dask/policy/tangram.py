@@ -59,6 +59,7 @@ class TangramOptions:
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
     admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
     admission_warmup: float = 8.0  # one trajectory per CPU slot at most until this many trajectories ended
+    warmup_units: float = 1.0   # 1: until then, one trajectory per unit of the scarcest resource its actions use
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     evict_margin: float = 2.0   # evict a replica its model's demand needs only for 2x its demand per GB
@@ -460,8 +461,23 @@ class TangramPolicy(Policy):
             limit = self.opt.admission * max(self.cpu.slots, 1) / 1e-6
         if self.opt.admission_gpu and self.ended_n < self.opt.admission_warmup:
             # rewards come last: until whole trajectories were seen, the demand per action misses them
-            limit = min(limit, max(self.cpu.slots, 1))
+            limit = min(limit, self._warmup_cap())
         return limit
+
+    def _warmup_cap(self) -> float:
+        """Before ``admission_warmup`` trajectories have ended, at most one trajectory in flight per
+        unit of the scarcest resource the actions seen so far use (CPU slots, GPUs, API tokens).
+
+        The demand per action learned until then misses the rewards (every
+        trajectory's last action), so the learned limit is too high: on a
+        GPU-bound step it let 73 trajectories in on 12 GPUs in the first
+        10 s, and the reward models queued for 100 s once they ended.
+        """
+        if not self.opt.warmup_units:
+            return max(self.cpu.slots, 1)
+        caps = {"cpu": self.cpu.slots, "gpu": self.gpu.total, "api": self.api.total}
+        seen = [caps[r] for r, x in self.turn_units.items() if x > 0 and caps[r] > 0]
+        return max(min(seen, default=self.cpu.slots), 1)
 
     # -- CPU: fit, place, size, reserve -------------------------------------------
     def _drain_cpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
