@@ -54,6 +54,7 @@ THREATS = (
     "disk_fill", "fd_flood", "output_flood", "binary_output", "raise_limits", "privileges",
     "read_host_files", "proc_worker", "env_leak", "fd_leak", "persist_writable", "write_outside",
     "network", "kill_processes", "leftover_process", "close_stdout", "snapshot_symlink", "sysv_ipc", "keyring",
+    "ptrace_zygote",
 )
 
 
@@ -793,6 +794,8 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         "fd_leak": (Y, "the child closes every descriptor but 0-2 and its status pipe (3)"),
         "env_leak": (Y, "the code's environment is built from scratch; the zygote started with PATH and LANG only"),
         "snapshot_symlink": (Y, "a snapshot with a link out is refused before the source removes anything"),
+        "ptrace_zygote": (Y, "the zygote is not dumpable (and holds capabilities the code lacks): no ptrace, "
+                             "no /proc/<zygote>/mem, fd or environ"),
         "keyring": (Y, "seccomp: add_key, request_key and keyctl fail with EPERM (keyrings are per uid, "
                        "shared by every action)"),
     }

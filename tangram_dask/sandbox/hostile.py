@@ -417,6 +417,21 @@ def c_keyring(cx: Context) -> Obs:
     return obs
 
 
+def c_ptrace_zygote(cx: Context) -> Obs:
+    """Attach to the zygote (the code's parent) or read its memory, descriptors, environment."""
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nz = os.getppid()\n"
+            "r = libc.ptrace(16, z, None, None)\n"  # PTRACE_ATTACH
+            "print('attach', 'OK' if r == 0 else os.strerror(ctypes.get_errno()).replace(' ', '_'))\n"
+            "for what in ('mem', 'environ', 'fd'):\n"
+            "    try:\n"
+            "        (os.listdir if what == 'fd' else lambda p: open(p, 'rb').read(1))(f'/proc/{z}/{what}')\n"
+            "        print(what, 'OK')\n"
+            "    except OSError as e:\n        print(what, type(e).__name__)\n")
+    obs = _res(cx.run(code))
+    obs.update(_lines_of(obs))
+    return obs
+
+
 CASES: dict[str, Callable[[Context], Obs]] = {name: globals()[f"c_{name}"] for name in THREATS}
 
 
@@ -483,6 +498,8 @@ def judge(case: str, obs: Obs, root: bool) -> str:
         restored = [x for x in obs["restores"] if x.endswith("RESTORED")]
         return "yes" if obs["snapshot"].startswith("refused") and obs["kept"] and obs["kept_after_restores"] \
             and not restored else "no"
+    if case == "ptrace_zygote":
+        return "no" if "OK" in (obs.get("attach"), obs.get("mem"), obs.get("environ"), obs.get("fd")) else "yes"
     if case == "sysv_ipc":
         return "yes" if obs.get("found") == "-1" else "no"
     if case == "keyring":
