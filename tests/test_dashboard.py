@@ -233,6 +233,7 @@ for (const n of names) {
   const m = doc.get_model_by_name(n);
   if (m == null) { out[n] = -1; continue; }
   if (m.source) { out[n] = len(m.source); continue; }
+  if (m.text !== undefined) { out[n] = (m.text.match(/<tr>/g) || []).length - 1; continue; }  // an HTML table
   out[n] = Math.max(0, ...m.renderers.filter((r) => r.data_source).map((r) => len(r.data_source)));
 }
 return out;

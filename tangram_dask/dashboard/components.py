@@ -7,12 +7,11 @@ by all) and updates its ``ColumnDataSource`` with distributed's ``update``.
 from __future__ import annotations
 
 import os
+from html import escape
 from typing import Any, Callable
 
 from bokeh.core.properties import without_property_validation
-from bokeh.layouts import column
-from bokeh.models import (ColumnDataSource, DataTable, Div, FactorRange, HoverTool, Legend, LegendItem,
-                          NumberFormatter, Range1d, TableColumn)
+from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Range1d
 from bokeh.plotting import figure
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME
@@ -36,6 +35,8 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#17becf")
 RESOURCE_COLORS = {"cpu": "#1f77b4", "gpu": "#2ca02c", "api": "#ff7f0e"}
 _TOOLS = "pan,wheel_zoom,box_zoom,reset"
+_TABLE_CSS = "border-collapse: collapse; font-size: 13px; text-align: left"
+_CELL_CSS = "padding: 3px 14px 3px 4px; border-bottom: 1px solid #ddd"
 
 
 def _short(addr: str) -> str:
@@ -92,13 +93,10 @@ class PoolTable(DashboardComponent):
 
     def __init__(self, view: TangramView, **kwargs: Any):
         self.view = view
-        self.source = ColumnDataSource({k: [] for k, _ in self.COLUMNS})
-        cols = [TableColumn(field=k, title=t, **({"formatter": NumberFormatter(format="0")}
-                                                  if k in ("capacity", "free", "running", "queued", "queued_units")
-                                                  else {}))
-                for k, t in self.COLUMNS]
-        self.root = DataTable(source=self.source, columns=cols, index_position=None, height=150,
-                              reorderable=False, name="tangram_pools", **kwargs)
+        self.source = ColumnDataSource({k: [] for k, _ in self.COLUMNS}, name="tangram_pools_source")
+        # an HTML table in a Div (a DataTable's grid was seen to keep showing old rows in headless chromium)
+        self.root = Div(text="", name="tangram_pools", **kwargs)
+        self._last: dict[str, list[Any]] = {}
 
     @without_property_validation
     @log_errors
@@ -124,7 +122,17 @@ class PoolTable(DashboardComponent):
         for sf in pol["unplaceable"]:  # grouped: one row per distinct shortfall
             add(f"unplaceable: {sf['kind'] or sf['pool']}", sf["resource"], None, None, None, sf["count"],
                 sf["requested"] * sf["count"], sf)
+        if rows == self._last:
+            return
+        self._last = rows
         update(self.source, rows)
+        n = len(rows["pool"])
+        head = "".join(f'<th style="{_CELL_CSS}">{escape(t)}</th>' for _, t in self.COLUMNS)
+        body = "".join("<tr>" + "".join(f'<td style="{_CELL_CSS}">'
+                                        f"{escape('' if rows[k][i] is None else str(rows[k][i]))}</td>"
+                                        for k, _ in self.COLUMNS) + "</tr>" for i in range(n))
+        self.root.text = (f'<table class="tangram-pools" style="{_TABLE_CSS}"><thead><tr>{head}</tr></thead>'
+                          f"<tbody>{body}</tbody></table>")
 
 
 class WorkerMap(DashboardComponent):

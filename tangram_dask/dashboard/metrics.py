@@ -11,7 +11,8 @@ once, with the samples of every live collector; every sample carries a
 Scheduler families (all read from :meth:`TangramView.state`):
 
 - ``dask_tangram_actions{state,kind,resource}``: live actions (waiting, pending, running)
-- ``dask_tangram_actions_submitted_total{kind,resource}``, ``dask_tangram_actions_finished_total{kind,resource,outcome}``
+- ``dask_tangram_actions_submitted_total{kind,resource}``,
+  ``dask_tangram_actions_finished_total{kind,resource,outcome}``
 - ``dask_tangram_act_seconds{kind,resource}``: histogram of action completion time (submit to finish)
 - ``dask_tangram_units_capacity|units_in_use|units_free{resource,pool}``; ``dask_tangram_queued_actions{resource,pool}``
 - ``dask_tangram_unplaceable_actions``, ``dask_tangram_admission_queue``
