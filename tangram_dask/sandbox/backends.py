@@ -334,6 +334,8 @@ class Sandbox:
             self.damaged = "processes left by the code could not all be killed"
         elif msg.get("wipe"):
             self.damaged = f"its scratch could not be unmounted: {msg['wipe']}"
+        elif msg.get("ipc_left"):
+            self.damaged = f"the code left {msg['ipc_left']} System V IPC object(s) in the sandbox's namespace"
         elif msg.get("saved"):
             self.damaged = f"the trajectory's working dir could not be saved after the action: {msg['saved']}"
             res = replace(res, detail="; ".join(filter(None, [res.detail, self.damaged])))
@@ -797,7 +799,7 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         "ptrace_zygote": (Y, "the zygote is not dumpable (and holds capabilities the code lacks): no ptrace, "
                              "no /proc/<zygote>/mem, fd or environ"),
         "keyring": (Y, "seccomp: add_key, request_key and keyctl fail with EPERM (keyrings are per uid, "
-                       "shared by every action)"),
+                       "shared by every action); so does mq_open"),
     }
     nproc = "RLIMIT_NPROC" + (" (uid 65534: shared by all sandboxes of the node)" if root else
                               " (counted in the sandbox's user namespace)" if isolated else
@@ -814,7 +816,8 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         c["kill_processes"] = (Y, "own PID namespace, the zygote is its PID 1: nothing else is visible")
         c["proc_worker"] = (Y, "own PID namespace and /proc: the worker's command line and environment "
                             "are not there")
-        c["sysv_ipc"] = (Y, "each action has its own IPC namespace: its shared memory and queues die with it")
+        c["sysv_ipc"] = (Y, "own IPC namespace per sandbox; one an action left System V objects in is replaced, "
+                            "POSIX queues are refused (seccomp)")
     else:
         c["file_flood"] = (N, "no mount namespace: the working dir is a host dir without an inode quota")
         c["disk_fill"] = (N, "no mount namespace: only RLIMIT_FSIZE per file")

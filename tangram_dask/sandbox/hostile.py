@@ -385,14 +385,21 @@ def _evil_members() -> list[tuple[str, tarfile.TarInfo]]:
 
 
 def c_sysv_ipc(cx: Context) -> Obs:
-    """A System V shared memory segment left by one action, looked for by the next."""
+    """A System V shared memory segment left by one action, and a POSIX queue, looked for by the next."""
     key = 0x7A6E0000 | (os.getpid() & 0xFFFF)
-    make = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            f"print('made', libc.shmget({key}, 4096, 0o1000 | 0o600))\n")
+    make = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"print('made', libc.shmget({key}, 4096, 0o1000 | 0o600))\n"
+            "rt = ctypes.CDLL('librt.so.1', use_errno=True)\n"
+            "q = rt.mq_open(b'/tangram-hostile', os.O_CREAT | os.O_RDWR, 0o600, None)\n"
+            "print('mq', 'OK' if q >= 0 else os.strerror(ctypes.get_errno()).replace(' ', '_'))\n")
     find = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             f"print('found', libc.shmget({key}, 0, 0))\n")
     obs = _res(cx.run(make))
     obs["made"] = _lines_of(obs).get("made")
+    obs["mq"] = _lines_of(obs).get("mq")
+    if obs["mq"] == "OK":
+        import ctypes
+        ctypes.CDLL("librt.so.1").mq_unlink(b"/tangram-hostile")
     obs["found"] = _lines_of(_res(cx.run(find, trajectory="another"))).get("found")
     cx.pool.end_trajectory("another")
     if obs["found"] not in (None, "-1"):  # clean the host's IPC namespace up
@@ -501,7 +508,7 @@ def judge(case: str, obs: Obs, root: bool) -> str:
     if case == "ptrace_zygote":
         return "no" if "OK" in (obs.get("attach"), obs.get("mem"), obs.get("environ"), obs.get("fd")) else "yes"
     if case == "sysv_ipc":
-        return "yes" if obs.get("found") == "-1" else "no"
+        return "yes" if obs.get("found") == "-1" and obs.get("mq") != "OK" else "no"
     if case == "keyring":
         return "yes" if obs.get("add_key") != "OK" and obs.get("search") == "none" else "no"
     raise ValueError(f"unknown case {case!r}")
