@@ -118,10 +118,19 @@ def _drop_caps():
 _KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250, 240)), "aarch64": (0xC00000B7, (217, 218, 219, 180))}
 
 
-def _deny_keyrings():
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _keyring_filter():
+    """The seccomp program (built once, in the zygote: building it costs ~0.6 ms); None: unknown arch."""
     arch = _KEY_SYSCALLS.get(os.uname().machine)
     if arch is None:
-        return False
+        return None
     audit_arch, calls = arch
     LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06
     ALLOW, ERRNO_EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM
@@ -132,18 +141,18 @@ def _deny_keyrings():
     for i, nr in enumerate(calls):
         prog.append((JEQ_K, len(calls) - i, 0, nr))            # match: jump to the EPERM return
     prog += [(RET_K, 0, 0, ALLOW), (RET_K, 0, 0, ERRNO_EPERM)]
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
+    return filters, _SockFprog(len(prog), filters)
 
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
-                    ("k", ctypes.c_uint32)]
 
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+_FILTER = _keyring_filter()
 
-    filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
-    fprog = Fprog(len(prog), filters)
+
+def _deny_keyrings():
+    if _FILTER is None:
+        return False
     PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(_FILTER[1]), 0, 0), "seccomp")
     return True
 
 
