@@ -132,3 +132,18 @@ def test_snapshot_and_restore_work_on_python_3_11_2_without_tarfile_filters(tmp_
     assert p.returncode == 0, p.stderr
     version, rest = p.stdout.splitlines()
     assert rest == "src/app.py X = 1 X = 1 0o755", p.stdout
+
+
+def test_a_restore_that_fails_on_the_destination_leaves_the_source_whole(tmp_path):
+    """The source's snapshot removes nothing; a destination that cannot write says so, naming the source."""
+    src = Workspaces(tmp_path / "src", uid=None, ttl_s=60)
+    slot = tmp_path / "slot"
+    src.checkout("t", slot, timeout_s=1)
+    (slot / "notes").write_text("mine")
+    src.checkin("t", slot)
+    data = src.snapshot("t")
+    (tmp_path / "dst").write_text("not a dir")  # the destination's trajectory root cannot be made
+    dst = Workspaces(tmp_path / "dst", uid=None, ttl_s=60)
+    with pytest.raises(SandboxError, match="could not be restored here.*still holds the dir"):
+        dst.restore("t", data)
+    assert (src.path("t") / "notes").read_text() == "mine"

@@ -128,18 +128,18 @@ class Workspaces:
         with self._lock(trajectory):
             dst = self.path(trajectory)
             tmp = dst.with_name(dst.name + ".restore")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True, mode=0o700)
             try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True, mode=0o700)
                 _extract(data, members, tmp)
+                os.chmod(tmp, 0o700)
+                for dirpath, dirnames, filenames in os.walk(tmp):
+                    for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                        self._chown(Path(name))
             except (tarfile.TarError, OSError, EOFError) as e:
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise SandboxError(f"trajectory {trajectory!r}: the snapshot cannot be restored ({e}); "
-                                   "pass bytes made by snapshot_trajectory") from e
-            os.chmod(tmp, 0o700)
-            for dirpath, dirnames, filenames in os.walk(tmp):
-                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                    self._chown(Path(name))
+                raise SandboxError(f"trajectory {trajectory!r}: the snapshot could not be restored here ({e}); "
+                                   "the worker it came from still holds the dir") from e
             shutil.rmtree(dst, ignore_errors=True)
             os.rename(tmp, dst)
             with self._guard:
