@@ -3,13 +3,18 @@
     .venv/bin/python benchmarks/adaptive.py [--json] [--trajectories 24] [--turns 6]
 
 One live workload, run twice: on a LocalCluster that starts with 1 worker and
-``cluster.adapt(minimum=1, maximum=6)`` (Dask's own Adaptive, which asks the
-tangram target through the ``adaptive_target`` RPC and retires through
-``workers_to_close``/``retire_workers``), then on a fixed cluster of 6 workers.
+``cluster.adapt(Adaptive=adaptive_class(), minimum=1, maximum=6)`` (Dask's own
+Adaptive asking the tangram target through the ``adaptive_target`` RPC and
+retiring through ``workers_to_close``/``retire_workers``; the subclass only closes
+the workers the scheduler actually retired), then on a fixed cluster of 6 workers.
+With ``--move-state`` trajectory state is moved off workers to retire them; by
+default a trajectory's home pins its worker.
 Each worker is a process with 2 sandbox slots and the sandbox plugin.
 
 The workload ramps up (trajectories start one every ``--ramp-s / trajectories``
-seconds), holds, and drains (every trajectory ends after ``--turns`` turns).
+seconds), holds, and drains with a long tail, as an RL step does: most
+trajectories end after ``--turns`` turns, every ``--long-every``-th after
+``--long-turns``.
 Each turn is an LLM pause (``--llm-s``) then one stateful action
 (``affinity="trajectory"``) that runs code in the trajectory's sandbox working
 dir: it sleeps ``--action-s``, appends ``step i`` to ``log`` and returns the
@@ -35,6 +40,7 @@ import dask
 from distributed import Client, LocalCluster
 
 import tangram_dask
+from tangram_dask.adaptive import adaptive_class
 from tangram_dask.sandbox import SandboxPlugin
 
 
@@ -99,8 +105,11 @@ def run_workload(adaptive: bool, args: argparse.Namespace) -> dict:
         client.register_plugin(SandboxPlugin(size=args.slots))
         sampler = Sampler(cluster)
         if adaptive:
-            cluster.adapt(minimum=1, maximum=args.maximum, interval="500ms", wait_count=3,
-                          target_duration=f"{args.target_s}s")
+            # Dask's Adaptive, closing only the workers the scheduler actually retired (plain Adaptive
+            # closes every worker it asked to retire, also one the scheduler refused as unsafe)
+            cluster.adapt(Adaptive=adaptive_class(), minimum=1, maximum=args.maximum, interval="500ms",
+                          wait_count=3, target_duration=f"{args.target_s}s")
+            cluster.scheduler.plugins["tangram-adaptive"].move_state = args.move_state
         sampler.start()
         acts: list[float] = []
         result = {"lost": 0, "ran_twice": 0, "state_lost": 0, "errors": []}
@@ -111,7 +120,8 @@ def run_workload(adaptive: bool, args: argparse.Namespace) -> dict:
             time.sleep(j * args.ramp_s / args.trajectories)
             t = f"t-{j}"
             lost_state = False
-            for i in range(args.turns):
+            turns = args.long_turns if args.long_every and j % args.long_every == args.long_every - 1 else args.turns
+            for i in range(turns):
                 time.sleep(args.llm_s)
                 with tangram_dask.action(kind="edit", resource="cpu", units=1, hint_s=args.action_s,
                                          trajectory=t, affinity="trajectory", restore_s=0.05):
@@ -159,6 +169,7 @@ def run_workload(adaptive: bool, args: argparse.Namespace) -> dict:
             "final_workers": len(cluster.scheduler.workers),
             "moves_before_retirement": ext.stats.moved,
             "retire_refused": ext.stats.refused,
+            "move_log": [list(m) for m in ext.stats.log],
             "timeline": [(round(t, 1), c, *tg) for (t, c), tg in list(zip(sampler.samples, sampler.targets))[::2]],
         })
         return result
@@ -168,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trajectories", type=int, default=24)
-    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=4, help="turns of a short trajectory")
+    ap.add_argument("--long-turns", type=int, default=14, help="turns of a long trajectory (the tail)")
+    ap.add_argument("--long-every", type=int, default=4, help="every n-th trajectory is long (0: none)")
     ap.add_argument("--llm-s", type=float, default=0.5)
     ap.add_argument("--action-s", type=float, default=1.0)
     ap.add_argument("--ramp-s", type=float, default=12.0)
@@ -176,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--maximum", type=int, default=6)
     ap.add_argument("--target-s", type=float, default=5.0)
     ap.add_argument("--settle-s", type=float, default=30.0)
+    ap.add_argument("--move-state", action="store_true",
+                    help="move trajectory state off workers to retire them (tangram.adaptive.move-state)")
     args = ap.parse_args(argv)
     runs = [run_workload(True, args), run_workload(False, args)]
     a, f = runs

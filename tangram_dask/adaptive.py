@@ -437,10 +437,17 @@ class AdaptiveExtension:
     name = EXTENSION_NAME
     idempotent = True
 
-    def __init__(self, plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = None):
+    def __init__(self, plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = None,
+                 move_state: bool | None = None):
         self.plugin = plugin
         self.scheduler = scheduler
         self._kinds = tuple(kinds) if kinds else configured_kinds()
+        if move_state is None:
+            import dask.config
+            move_state = bool(dask.config.get("tangram.adaptive.move-state", default=False))
+        #: move trajectory state off a worker to retire it (else a trajectory's home pins its worker
+        #: until the trajectory ends or the policy moves it); see "Known window" in docs/kubernetes.md
+        self.move_state = move_state
         self.stats = DrainStats()
         self._drain_lock = asyncio.Lock()
         self.autoscaled = False
@@ -547,6 +554,8 @@ class AdaptiveExtension:
                 return {"moved": 0, "stuck": []}
             snap = pol.snapshot()
             homes = {a: pol.homes_on(a) for a in addrs}
+            if not self.move_state:  # homes pin their workers: nothing moves, those workers stay
+                return {"moved": 0, "stuck": sorted(a for a, ts in homes.items() if ts)}
             moves, stuck = plan_moves(homes, addrs, snap.nodes)
             done = 0
             from distributed.protocol.pickle import dumps
@@ -571,7 +580,12 @@ class AdaptiveExtension:
                     stuck.append(src)
                     continue
                 moved = _plain(r.get("result", 0))
-                if pol.homes_on(src).count(t):  # still homed there: nothing ran for it meanwhile
+                still = t in pol.homes_on(src)
+                self.stats.log.append((t, src, dst, int(moved or 0), still))
+                if not moved:  # the source had no dir for it (an action holds it, or it is gone): stays homed
+                    stuck.append(src)
+                    continue
+                if still:  # an action of t placed meanwhile made its own home elsewhere: leave that
                     pol.rehome(t, dst)
                 self.stats.moved += 1
                 self.stats.bytes += int(moved or 0)
@@ -677,12 +691,13 @@ def _targets_handler_class() -> type:
     return TargetsHandler
 
 
-def install(plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = None) -> AdaptiveExtension:
+def install(plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = None,
+            move_state: bool | None = None) -> AdaptiveExtension:
     """Install the elastic pool on a scheduler running the tangram plugin (idempotent)."""
     ext = scheduler.plugins.get(EXTENSION_NAME)
     if isinstance(ext, AdaptiveExtension) and ext.plugin is plugin:
         return ext
-    ext = _extension_class()(plugin, scheduler, kinds)
+    ext = _extension_class()(plugin, scheduler, kinds, move_state)
     scheduler.add_plugin(ext, name=EXTENSION_NAME)
     scheduler.adaptive_target = ext.adaptive_target  # what /api/v1/adaptive_target calls
     scheduler.handlers["adaptive_target"] = ext.adaptive_target

@@ -102,6 +102,7 @@ def test_http_rpc_and_adapt_agree_and_gpu_demand_asks_for_gpu_workers(cluster_cl
 def test_retirement_moves_state_first_and_spares_busy_workers(cluster_client):
     cluster, client = cluster_client
     ext = cluster.scheduler.plugins[EXTENSION_NAME]
+    ext.move_state = True  # tangram.adaptive.move-state (off by default: homes pin their workers)
     stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.2, affinity="trajectory", restore_s=5.0)
     firsts = {}
     for t in ("t-1", "t-2"):  # submitted together: one on each worker
@@ -157,3 +158,25 @@ def test_adapt_grows_while_actions_wait_and_shrinks_when_they_drain():
         Event("grow", client=client).set()
         assert client.gather(held) == ["done"] * 6
         wait_for(lambda: len(cluster.scheduler.workers) == 1, timeout=60, what="back to 1 worker")
+
+
+def test_by_default_a_trajectorys_home_pins_its_worker(cluster_client):
+    cluster, client = cluster_client
+    ext = cluster.scheduler.plugins[EXTENSION_NAME]
+    assert ext.move_state is False
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.2, affinity="trajectory", restore_s=5.0)
+    with tangram_dask.action(trajectory="t-9", **stateful):
+        home = client.submit(step, "open('notes', 'w').write('kept')", pure=False).result(60)["worker"]
+    addrs = sorted(client.scheduler_info()["workers"])
+    other = next(a for a in addrs if a != home)
+    # nothing waits: 1 CPU worker is wanted; only the worker without the trajectory's state is offered
+    assert client.sync(client.scheduler.tangram_targets)["kinds"]["cpu"]["target"] == 1
+    assert list(client.sync(client.scheduler.workers_to_close, target=0)) == [other]
+    assert ext.stats.moved == 0
+    assert client.retire_workers(workers=[home]) == {}  # refused: its state has not moved
+    assert list(client.retire_workers(workers=[other])) == [other]
+    with tangram_dask.action(trajectory="t-9", **stateful):
+        r = client.submit(step, "print(open('notes').read())", pure=False).result(60)
+    assert (r["worker"], r["stdout"]) == (home, "kept\n")
+    tangram_dask.end_trajectory(client, "t-9")  # the trajectory ends: its worker may go
+    wait_for(lambda: list(client.sync(client.scheduler.workers_to_close, target=0)) == [home], what="home freed")
