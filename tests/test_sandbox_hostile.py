@@ -85,6 +85,8 @@ def _launch(backend: str, worker: str, tmp: Path) -> subprocess.Popen | str:
     else:
         # root: the process backend runs code as uid 65534, which must read the interpreter
         python = "/usr/bin/python3" if ROOT and backend == "process" else sys.executable
+        if not os.access(python, os.X_OK):
+            return f"no {python}: a root worker's process backend needs an interpreter uid 65534 can read"
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
         if python != sys.executable:
             env["PYTHONPATH"] = str(_staged_package(tmp))
