@@ -6,6 +6,7 @@ by all) and updates its ``ColumnDataSource`` with distributed's ``update``.
 
 from __future__ import annotations
 
+import bisect
 import os
 from html import escape
 from typing import Any, Callable
@@ -41,6 +42,13 @@ _CELL_CSS = "padding: 3px 14px 3px 4px; border-bottom: 1px solid #ddd"
 
 def _short(addr: str) -> str:
     return addr.split("://", 1)[-1]
+
+
+def _new_points(ts: list[float], source: ColumnDataSource) -> int:
+    """Index of the first sample in ``ts`` newer than what ``source`` holds."""
+    have = source.data["t"]
+    last = have[-1] if len(have) else -1.0
+    return bisect.bisect_right(ts, last)
 
 
 def _color(i: int) -> str:
@@ -186,7 +194,9 @@ class WorkerMap(DashboardComponent):
             d["y"].append(y)
             d["color"].append(GPU_COLORS[g["state"]])
             d["label"].append(",".join(g["models"]))
-            d["info"].append(f"GPU {g['gpu']} (group {g['group']}): {g['state']} {', '.join(g['models'])}")
+            rep = ", ".join(f"{m} {st}" for m, st in g["reported"])
+            d["info"].append(f"GPU {g['gpu']} (group {g['group']}): {g['state']} {', '.join(g['models'])}"
+                             + (f" (worker reports: {rep})" if rep else ""))
             d["worker"].append(g["worker"])
             width = max(width, x + 1)
         if list(self.root.y_range.factors) != ys:
@@ -243,8 +253,10 @@ class Utilization(DashboardComponent):
     @log_errors
     def update(self) -> None:
         h = self.view.state()["history"]
-        update(self.source, {"t": h["t"], **{r: [u.get(r, 0.0) for u in h["utilization"]]
-                                              for r in RESOURCE_COLORS}})
+        k = _new_points(h["t"], self.source)
+        if k < len(h["t"]):  # only the new samples go to the browser
+            self.source.stream({"t": h["t"][k:], **{r: [u.get(r, 0.0) for u in h["utilization"][k:]]
+                                                   for r in RESOURCE_COLORS}}, rollover=HISTORY)
         u = self.view.state()["utilization"]
         self.root.title.text = "Utilization: " + ", ".join(f"{r} {u[r]:.0%}" for r in RESOURCE_COLORS if r in u)
 
@@ -269,7 +281,10 @@ class AdmissionQueue(DashboardComponent):
     @log_errors
     def update(self) -> None:
         h = self.view.state()["history"]
-        update(self.source, {"t": h["t"], "admission": h["admission_queue"], "pending": h["pending"]})
+        k = _new_points(h["t"], self.source)
+        if k < len(h["t"]):
+            self.source.stream({"t": h["t"][k:], "admission": h["admission_queue"][k:], "pending": h["pending"][k:]},
+                               rollover=HISTORY)
         self.root.title.text = f"Admission queue: {h['admission_queue'][-1] if h['t'] else 0} trajectories waiting"
 
 
@@ -314,6 +329,7 @@ COMPONENTS: dict[str, type[DashboardComponent]] = {
     "utilization": Utilization, "admission": AdmissionQueue, "sandboxes": SandboxPools,
 }
 INTERVAL_MS = 1000
+HISTORY = 600  # samples kept in the browser (one a second at most: ten minutes)
 
 
 class _All(DashboardComponent):

@@ -29,7 +29,7 @@ RESOURCES = ("cpu", "gpu", "api")
 class TangramView:
     """Builds :meth:`state` at most once per ``min_interval_s`` (the page and a scraper share it)."""
 
-    def __init__(self, plugin: Any, monitor: TangramMonitor, min_interval_s: float = 0.25,
+    def __init__(self, plugin: Any, monitor: TangramMonitor, min_interval_s: float = 0.9,
                  history: int = 600):
         self.plugin = plugin
         self.monitor = monitor
@@ -53,6 +53,7 @@ class TangramView:
         pol = policy_data(plugin.policy.snapshot()) if plugin.policy is not None else policy_data(None)
         workers = {addr: d.to_msg() for addr, d in list(plugin.nodes.items())}
         actions, loading = self._actions()
+        residency = self._residency()
         util = {}
         for p in pol["pools"]:
             if p["pool"] in ("", p["resource"]) and p["resource"] in RESOURCES:
@@ -78,7 +79,8 @@ class TangramView:
             "history": {"t": [h[0] for h in self.history], "utilization": [h[1] for h in self.history],
                         "admission_queue": [h[2] for h in self.history],
                         "pending": [h[3] for h in self.history]},
-            "gpus": self._gpus(pol, workers, loading),
+            "gpus": self._gpus(pol, workers, loading, residency),
+            "residency": residency,
             "sandboxes": self._sandboxes(),
         }
 
@@ -98,9 +100,29 @@ class TangramView:
                 loading.update((g.node, i) for i in g.gpus)
         return out, loading
 
-    def _gpus(self, pol: dict[str, Any], workers: dict[str, Any],
-              loading: set[tuple[str, int]]) -> list[dict[str, Any]]:
-        """One row per GPU of every GPU worker: its topology group and the replicas resident on it."""
+    def _residency(self) -> dict[str, Any]:
+        """What the workers report resident or loading (the residency view of ``tangram_dask.models``),
+        as ``{"replicas": {worker: {replica: report}}, "counts": {...}}``; empty without it."""
+        res = getattr(self.plugin, "residency", None)  # installed by the plugin's start, with reward models
+        if res is None:
+            return {"replicas": {}, "counts": {}}
+        view = res.handle_models()
+        return {"replicas": {w: {str(rid): r for rid, r in reps.items()} for w, reps in view["replicas"].items()},
+                "counts": view.get("counts", {})}
+
+    def _gpus(self, pol: dict[str, Any], workers: dict[str, Any], loading: set[tuple[str, int]],
+              residency: dict[str, Any]) -> list[dict[str, Any]]:
+        """One row per GPU of every GPU worker: its topology group, the replicas the policy holds on it
+        (``models``), what the worker reports there (``reported``: model and state), and one state:
+        loading (the worker reports a load, or a granted load is filling it), serving (a busy replica),
+        idle (resident, not busy) or empty."""
+        reported: dict[tuple[str, int], list[list[str]]] = {}
+        for w, reps in residency["replicas"].items():
+            for r in reps.values():
+                for i in r.get("gpus", ()):
+                    reported.setdefault((w, i), []).append([r.get("model", ""), r.get("state", "")])
+                    if r.get("state") == "loading":
+                        loading.add((w, i))
         resident: dict[tuple[str, int], list[tuple[str, bool]]] = {}
         for model, node, gpus, busy in pol["replicas"]:
             for i in gpus:
@@ -126,7 +148,7 @@ class TangramView:
                 else:
                     state = "empty"
                 rows.append({"worker": addr, "gpu": i, "group": gid, "state": state,
-                             "models": [m for m, _ in reps]})
+                             "models": [m for m, _ in reps], "reported": reported.get((addr, i), [])})
         return rows
 
     def _sandboxes(self) -> dict[str, dict[str, Any]]:
