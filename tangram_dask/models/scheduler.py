@@ -64,7 +64,7 @@ class SchedulerResidency:
         s.handlers[REGISTER_MODEL_HANDLER] = self.handle_register
         s.handlers[MODELS_HANDLER] = self.handle_models
         s.stream_handlers[RESIDENCY_HANDLER] = self.handle_report
-        pc = PeriodicCallback(self.reconcile, reconcile_s * 1000)
+        pc = PeriodicCallback(self.tick, reconcile_s * 1000)
         s.periodic_callbacks["tangram-residency"] = pc  # stopped with the scheduler
         pc.start()
 
@@ -117,6 +117,21 @@ class SchedulerResidency:
         for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
             del self.replicas[addr]  # workers gone
         self.reconcile()
+
+    def tick(self) -> None:
+        """Once a second: reconcile, and ask the policy again while GPU actions wait.
+
+        The tangram policy's GPU decisions depend on time as well as on events
+        (a model's recent demand decays): with no event, a queue that a load
+        could serve now would otherwise wait for the next arrival or end.
+        Asking again decides nothing here; the policy does.
+        """
+        self.reconcile()
+        pol = self.plugin.policy
+        if pol is not None and self.plugin.stats.submitted > self.plugin.stats.started:
+            kick = getattr(self.plugin, "_kick", None)
+            if kick is not None:
+                kick()
 
     def reconcile(self) -> None:
         """Evict, on its worker, each resident replica the policy's ledger does not hold."""
