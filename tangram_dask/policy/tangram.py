@@ -12,9 +12,12 @@ tokens, each model's GPU replicas); each decision goes through small phases:
 3. **place**: a stateful action goes home; if home is full it waits there
    while that is expected to beat a restore (``_wait_home``). Others go to the
    node with the most free slots. A GPU action takes a ready replica of its
-   model inside one topology group, or a new replica when the model's backlog
-   outlasts a load (``_load_site``: idle GPUs of one group, evicting idle
-   replicas of models nobody waits for).
+   model inside one topology group, or a new replica when the work it would
+   find on arrival (queued plus the model's recent demand during the load)
+   outlasts what the replicas can do meanwhile (``_should_load``). Residency
+   follows demand: a replica its model's demand needs is kept (``_evictable``),
+   and a new one goes where the replicas beside it are least busy
+   (``_contention``).
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
@@ -22,8 +25,11 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    than start small (``Reservation``).
 5. **reserve / release**: the ledger takes and returns units (:mod:`.ledger`).
 
-Optionally (``admission > 0``) trajectories are admitted only while the
-expected CPU demand (Little's law, learned) stays under a target.
+Trajectories are admitted (``admission > 0``, the default) only while the
+expected demand on each resource (Little's law, learned from whole
+trajectories, rewards included) stays under a target: CPU slots,
+and GPUs and API tokens (``admission_gpu``); never while queued work
+already exceeds a mean action per unit (``_queueing``).
 
 Cost per decision: O(log n) in the pending actions, O(1) amortised in the
 number of nodes (the ledger indexes nodes by free slots); GPU loads scan the
@@ -49,7 +55,7 @@ class TangramOptions:
 
     aging: float = 1.0          # priority gained per second waited, in seconds of est work
     price: float = 0.5          # price of a unit-second at occupancy rho is price * rho / (1 - rho)
-    horizon_s: float = 30.0     # time constant of the observed slot-release rate
+    horizon_s: float = 30.0     # time constant of the observed slot-release rate and of each model's demand
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
@@ -58,11 +64,11 @@ class TangramOptions:
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
     admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
-    admission_warmup: float = 8.0  # one trajectory per CPU slot at most until this many trajectories ended
-    warmup_units: float = 1.0   # 1: until then, one trajectory per unit of the scarcest resource its actions use
+    admission_warmup: float = 8.0  # until this many trajectories ended, demand is learned per action and capped
+    warmup_units: float = 1.0   # cap until then: 1, one per unit of the scarcest resource seen; 0, one per CPU slot
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
+    evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
-    evict_margin: float = 2.0   # evict a replica its model's demand needs only for 2x its demand per GB
 
 
 @dataclass(slots=True)
@@ -216,7 +222,8 @@ class TangramPolicy(Policy):
         self.traj_n = 0
         self.traj_sum = 0.0
         self._now = 0.0
-        self._loader_density = 0.0
+        self._loader_density = 0.0  # demand per GB of the model a load is being planned for
+        self._loader_starved = False  # that model has no replica at all
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -796,6 +803,7 @@ class TangramPolicy(Policy):
         ms = self.models[model]
         waiting = self._models_waiting()
         self._loader_density = self._density(model)
+        self._loader_starved = not gp.by_model.get(model)
         best = None
         for name, st in gp.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
@@ -878,10 +886,13 @@ class TangramPolicy(Policy):
         """Idle, and not a replica its model's demand needs, unless the loader needs the memory more.
 
         A model keeps ``ceil(needed)`` replicas (recent demand in busy
-        replicas, plus one while it has waiters); a replica beyond that may go.
-        One within it goes only for a model with ``evict_margin`` times its
-        demand per GB (hysteresis: two models of similar demand do not evict
-        each other back and forth, each paying a load).
+        replicas, plus one while it has waiters); a replica beyond that may
+        go. One within it goes only for a model with ``evict_margin`` times
+        its demand per GB, or for a model with waiters and no replica at all
+        when it has no waiters itself: so a model that cannot load is never
+        stuck behind idle replicas nobody waits for. A model deployed before
+        the step whose actions were not seen yet is kept until 8 trajectories
+        have ended (rewards come last).
         """
         r = self.gpu.replicas[rid]
         if r.busy:
@@ -891,9 +902,11 @@ class TangramPolicy(Policy):
             return False
         if not self.opt.residency:
             return True
-        if r.model not in self.pools and self.traj_n < 8:
+        if r.model not in self.pools and self.traj_n < 8 and not self._loader_starved:
             return False  # deployed for demand not seen yet (rewards come last): keep it until trajectories end
         if reps > math.ceil(self._needed(r.model, self._now)):
+            return True
+        if self._loader_starved and r.model not in waiting:
             return True
         return self._loader_density > self.opt.evict_margin * self._density(r.model)
 
