@@ -177,3 +177,62 @@ def test_the_scaler_may_patch_the_scale_subresource_and_runs_the_cli():
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == BY_KIND["ServiceAccount"][0]["metadata"]["name"]
     auto = BY_KIND["DaskAutoscaler"][0]
     assert auto["spec"]["cluster"] == BY_KIND["DaskCluster"][0]["metadata"]["name"]
+
+
+def test_the_scheduler_and_worker_commands_of_the_manifest_run_and_serve_the_targets(tmp_path):
+    """The scheduler container's command and environment from cluster.yaml, run here as a process
+    (ports moved to free ones); a worker started with the CPU group's arguments joins as kind cpu."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    cluster = BY_KIND["DaskCluster"][0]
+    sc = cluster["spec"]["scheduler"]["spec"]["containers"][0]
+    wc = cluster["spec"]["worker"]["spec"]["containers"][0]
+    bindir = Path(sys.executable).parent
+    senv = {**os.environ, **env(sc)}
+    log = tmp_path / "scheduler.log"
+    cmd = [str(bindir / sc["args"][0]), *sc["args"][1:], "--host", "127.0.0.1", "--port", "0",
+           "--dashboard-address", "127.0.0.1:0"]
+    procs = []
+    with open(log, "w") as out:
+        procs.append(subprocess.Popen(cmd, env=senv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
+        try:
+            deadline = time.monotonic() + 60
+            text = ""
+            while not (re.search(r"Scheduler at:\s+(tcp://\S+)", text) and re.search(r"dashboard at:\s+\S+:(\d+)", text)):
+                assert time.monotonic() < deadline and procs[0].poll() is None, text
+                time.sleep(0.2)
+                text = log.read_text()
+            addr = re.search(r"Scheduler at:\s+(tcp://\S+)", text).group(1)
+            port = re.search(r"dashboard at:\s+\S+:(\d+)", text).group(1)
+            wargs = [a.replace("$(DASK_WORKER_NAME)", "tangram-default-worker-0") for a in wc["args"]]
+            wargs[wargs.index("--dashboard-address") + 1] = "127.0.0.1:0"
+            wenv = {**os.environ, **env(wc), "DASK_SCHEDULER_ADDRESS": addr}
+            procs.append(subprocess.Popen([str(bindir / wargs[0]), *wargs[1:], addr, "--host", "127.0.0.1"],
+                                          env=wenv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
+
+            def get(path):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+                    return json.loads(r.read())
+
+            deadline = time.monotonic() + 60
+            while get("/api/v1/tangram/targets")["kinds"]["cpu"]["current"] != 1:
+                assert time.monotonic() < deadline, get("/api/v1/tangram/targets")
+                time.sleep(0.3)
+            targets = get("/api/v1/tangram/targets")
+            assert set(targets["kinds"]) == {"cpu", "gpu"}
+            assert targets["kinds"]["gpu"]["group"] == "tangram-gpu"
+            assert get("/api/v1/adaptive_target")["workers"] == targets["total"]
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
