@@ -217,3 +217,12 @@ def test_module_level_imports_no_dask():
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
     assert not roots & {"dask", "distributed", "tornado"}, roots
+
+
+def test_a_cpu_only_pool_is_not_grown_by_gpu_demand():
+    """The issue's repro on a plain LocalCluster (one CPU kind): 100 waiting GPU actions and GPU actions
+    no worker can hold grow nothing; they are reported as unservable."""
+    p = pools(cpu=(0, 0, 0, 0.0), rm_small=(100, 0, 100, 100.0))
+    t = compute_targets(p, (never("gpu", 1, "rm-small"),), (cpu_node("c1"),), {"c1": "cpu"}, (CPU4,), MODELS, T)
+    assert t.of("cpu").target == 0 and t.total == 0
+    assert len(t.unservable) == 2, t.unservable
