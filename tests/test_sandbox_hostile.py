@@ -75,7 +75,10 @@ def _launch(backend: str, worker: str, tmp: Path) -> subprocess.Popen | str:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TANGRAM_HOSTILE_SECRET": secret}
     kwargs: dict = {}
     if worker != "root" and ROOT:
-        uid, gid = _test_user()
+        try:
+            uid, gid = _test_user()
+        except pytest.skip.Exception as e:  # only this configuration skips
+            return str(e)
         python = "/usr/bin/python3"
         if not os.access(python, os.X_OK):
             return "no /usr/bin/python3 for the unprivileged test user"

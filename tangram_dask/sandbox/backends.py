@@ -779,7 +779,6 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
     elif isolated is None:
         isolated = namespaces_available(backend)
     Y, P, N = "yes", "partial", "no"
-    same_uid = not root  # an unprivileged worker's code runs as the worker's uid (in a user namespace)
     c: dict[str, tuple[str, str]] = {
         "infinite_loop": (Y, "wall-clock timeout and RLIMIT_CPU; the zygote kills the process group"),
         "ignore_sigterm": (Y, "the zygote sends SIGKILL, which cannot be ignored"),

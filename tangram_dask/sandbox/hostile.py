@@ -192,7 +192,8 @@ def c_privileges(cx: Context) -> Obs:
             "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)\n"
             "for k in ('CapInh', 'CapPrm', 'CapEff', 'CapAmb', 'NoNewPrivs'):\n    print(k, st[k].strip())\n"
             "print('uid', os.getuid())\nprint('euid', os.geteuid())\n"
-            "try:\n    os.setuid(0)\n    print('setuid0 OK')\nexcept OSError as e:\n    print('setuid0', type(e).__name__)\n")
+            "try:\n    os.setuid(0)\n    print('setuid0 OK')\n"
+            "except OSError as e:\n    print('setuid0', type(e).__name__)\n")
     obs = _res(cx.run(code))
     obs.update(_lines_of(obs))
     return obs
@@ -217,8 +218,8 @@ def c_proc_worker(cx: Context) -> Obs:
             "        try:\n            data = open(f'/proc/{pid}/{what}', 'rb').read()\n"
             "        except OSError:\n            continue\n"
             "        if secret.encode() in data:\n            found.append(f'{pid}/{what}')\n"
-            f"print('worker_visible', os.path.exists('/proc/{cx.worker_pid}') and "
-            f"b'hostile' in open('/proc/{cx.worker_pid}/cmdline', 'rb').read() if os.path.exists('/proc/{cx.worker_pid}/cmdline') else False)\n"
+            f"w = '/proc/{cx.worker_pid}/cmdline'\n"
+            "print('worker_visible', os.path.exists(w) and b'hostile' in open(w, 'rb').read())\n"
             "print('found', ','.join(found) or '-')\n")
     obs = _res(cx.run(code))
     obs.update(_lines_of(obs))
