@@ -213,7 +213,6 @@ def compute_targets(pools: Sequence[PoolStats], unplaceable: Sequence[Shortfall]
     """
     if not target_duration_s > 0:
         raise ValueError(f"target duration must be > 0, got {target_duration_s}")
-    by_name = {k.name: k for k in kinds}
     cpu_kinds = [k for k in kinds if k.role == "cpu"]
     gpu_kinds = [k for k in kinds if k.role == "gpu"]
     current = {k.name: 0 for k in kinds}

@@ -19,7 +19,8 @@ T = 5.0
 
 
 def pools(cpu=(0, 0, 0, 0.0), api=(0, 0), **models):
-    """cpu=(queued, running, queued_units, queued_work_s); api=(queued, running); model=(queued, running, units, work)."""
+    """cpu=(queued, running, queued_units, queued_work_s); api=(queued, running);
+    model=(queued, running, units, work)."""
     out = [PoolStats("cpu", 0, 0, cpu[0], cpu[1], pool="cpu", queued_units=cpu[2], queued_work_s=cpu[3]),
            PoolStats("gpu", 0, 0, sum(m[0] for m in models.values()), 0, pool="gpu"),
            PoolStats("api", 8, 8, api[0], api[1], pool="api")]

@@ -204,7 +204,8 @@ def test_the_scheduler_and_worker_commands_of_the_manifest_run_and_serve_the_tar
         try:
             deadline = time.monotonic() + 60
             text = ""
-            while not (re.search(r"Scheduler at:\s+(tcp://\S+)", text) and re.search(r"dashboard at:\s+\S+:(\d+)", text)):
+            while not (re.search(r"Scheduler at:\s+(tcp://\S+)", text)
+                       and re.search(r"dashboard at:\s+\S+:(\d+)", text)):
                 assert time.monotonic() < deadline and procs[0].poll() is None, text
                 time.sleep(0.2)
                 text = log.read_text()

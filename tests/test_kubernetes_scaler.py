@@ -16,7 +16,6 @@ Stand-ins, because no Kubernetes API server can run here:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
