@@ -24,13 +24,16 @@ trajectory state on them goes first. Tests are tables of named cases
   ``retire_workers`` and ``/api/v1/retire_workers`` through it) only offers
   workers of a kind with a surplus that run no action, hold no resident
   replica that waiting actions need and home no trajectory.
-- The ``workers_to_close`` RPC (what ``Adaptive`` and the dask-kubernetes
+- By default a trajectory's home pins its worker until the trajectory ends or
+  the policy moves it. With ``tangram.adaptive.move-state`` the
+  ``workers_to_close`` RPC (what ``Adaptive`` and the dask-kubernetes
   operator's fallback call) and the ``tangram_drain`` RPC (what
   ``tangram-dask k8s-scale`` calls before lowering a group) first move the
   trajectory state off the workers chosen to leave: the destination worker
   takes the working dir from the source (the sandbox plugin's
-  ``tangram_sandbox_take`` handler, as a scheduler move does) and the policy
-  is told (``Policy.rehome``).
+  ``tangram_sandbox_take``/``tangram_sandbox_drop``, as a scheduler move does)
+  and the policy is told (``Policy.rehome``). That races an action of the
+  trajectory placed on the source meanwhile (docs/kubernetes.md), hence off.
 - ``retire_workers`` re-checks each worker at the moment it is retired and
   leaves out any that became unsafe since it was chosen; the ones it retires
   leave the policy first, so nothing new is placed there.
