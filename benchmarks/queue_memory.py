@@ -148,7 +148,8 @@ def fresh_cluster() -> Iterator[Client]:
                     [str(bindir / "dask"), "worker", "--scheduler-file", sched_file, "--host", "127.0.0.1",
                      "--nthreads", str(SLOTS), "--resources", f"slots={SLOTS}", "--no-dashboard",
                      "--memory-limit", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            with Client(scheduler_file=sched_file) as client:
+            client = Client(scheduler_file=sched_file)
+            try:
                 client.wait_for_workers(WORKERS, timeout=60)
                 # warm up both paths once (imports, first-time allocations), then forget them
                 with dask.annotate(tangram=ACTION):
@@ -158,14 +159,25 @@ def fresh_cluster() -> Iterator[Client]:
                 del a, p
                 _settle(client)
                 yield client
-        finally:
-            for p in reversed(procs):
-                p.terminate()
-            for p in procs:
+            finally:  # stop the processes first: a scheduler holding 100,000 parked tasks answers slowly
+                _stop(procs)
                 try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+                    client.close(timeout=10)
+                except Exception:  # noqa: BLE001  (the scheduler is gone; nothing to close cleanly)
+                    pass
+        finally:
+            _stop(procs)
+
+
+def _stop(procs: list) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def _settle(client: Client, timeout: float = 120) -> None:
