@@ -10,12 +10,13 @@ machine falls on all of them alike:
 - ``bare``: the dashboard's monitor plugin (action timing, decision events) taken out;
 - ``idle``: installed as shipped, nobody watching (what every scheduler pays);
 - ``watched``: ``idle`` plus the ``/tangram`` page open in headless chromium
-  (updating every second) and ``/metrics`` scraped every second.
+  (updating every second) and ``/metrics`` scraped every second;
+- with ``--split``, also ``page`` (the page alone) and ``metrics`` (the scrapes alone).
 
 Prints the median scheduler CPU per action of each mode and the ratios
 ``watched / idle`` (the issue's target: under 1.10) and ``idle / bare``.
 
-    python benchmarks/dashboard_cost.py [--actions 1500] [--rounds 5]
+    python benchmarks/dashboard_cost.py [--actions 1500] [--rounds 5] [--split]
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--actions", type=int, default=1500, help="actions per round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per mode")
+    ap.add_argument("--split", action="store_true", help="also the page alone and /metrics alone")
     args = ap.parse_args()
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         sys.exit("chromium and chromium-driver are needed (apt-get install chromium chromium-driver)")
@@ -125,19 +127,21 @@ def main() -> None:
             return (sum(proc.cpu_times()[:2]) - c0) / args.actions, time.perf_counter() - t0
 
         one_round()  # warm-up: imports, first sessions
-        res: dict[str, list[float]] = {"bare": [], "idle": [], "watched": []}
+        modes = ["bare", "idle", "watched"] + (["page", "metrics"] if args.split else [])
+        res: dict[str, list[float]] = {m: [] for m in modes}
         walls: dict[str, list[float]] = {k: [] for k in res}
         for _ in range(args.rounds):
             for mode in res:
                 client.run_on_scheduler(_monitor, on=mode != "bare")
-                if mode == "watched":
+                if mode in ("watched", "page"):
                     drv.get(url + "/tangram")
-                    time.sleep(2.0)  # the page connects and starts its periodic updates
+                else:
+                    drv.get("about:blank")  # closes the page's session
+                time.sleep(2.0)  # the page connects and starts its periodic updates, or its session closes
+                if mode in ("watched", "metrics"):
                     scraping.set()
                 else:
                     scraping.clear()
-                    drv.get("about:blank")  # closes the page's session
-                    time.sleep(2.0)
                 cpu, wall = one_round()
                 res[mode].append(cpu)
                 walls[mode].append(wall)
@@ -150,6 +154,9 @@ def main() -> None:
                   f"wall per round {statistics.median(walls[m]):.2f} s")
         print(f"watched / idle = {med['watched'] / med['idle']:.3f}   idle / bare = {med['idle'] / med['bare']:.3f}"
               f"   (/metrics scraped {scrapes[0]} times)")
+        if args.split:
+            print(f"page / idle = {med['page'] / med['idle']:.3f}   "
+                  f"metrics / idle = {med['metrics'] / med['idle']:.3f}")
         client.close()
     finally:
         if drv is not None:

@@ -333,12 +333,22 @@ HISTORY = 600  # samples kept in the browser (one a second at most: ten minutes)
 
 
 class _All(DashboardComponent):
-    def __init__(self, parts: list[DashboardComponent]):
+    """Every component of a page, updated in one tick whose changes go to the browser as one message."""
+
+    def __init__(self, parts: list[DashboardComponent], doc: Any = None):
         self.parts = parts
+        self.doc = doc
 
     def update(self) -> None:
-        for p in self.parts:
-            p.update()
+        doc = self.doc
+        if doc is not None:
+            doc.hold("combine")
+        try:
+            for p in self.parts:
+                p.update()
+        finally:
+            if doc is not None:
+                doc.unhold()
 
 
 def _missing(doc: Any) -> None:
@@ -361,6 +371,7 @@ def make_docs(find_view: Callable[[Any], TangramView | None]) -> dict[str, Calla
         parts = {k: c(view, sizing_mode="stretch_width") for k, c in COMPONENTS.items()}
         allp = _All(list(parts.values()))
         allp.update()
+        allp.doc = doc
         add_periodic_callback(doc, allp, INTERVAL_MS)
         for p in parts.values():
             doc.add_root(p.root)
