@@ -222,6 +222,8 @@ class TangramPolicy(Policy):
         self.traj_n = 0
         self.traj_sum = 0.0
         self._now = 0.0
+        self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
+        self._limit_dirty = True
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
 
@@ -245,6 +247,7 @@ class TangramPolicy(Policy):
         self.last_end.pop(trajectory, None)
         acc = self.traj_work.pop(trajectory, None)
         if acc is not None:
+            self._limit_dirty = True
             self.ended_n += 1
             for i, x in enumerate(acc):
                 self.ended_work[i] += x
@@ -273,6 +276,7 @@ class TangramPolicy(Policy):
         self._touch(spec.trajectory, now)
         est = self.est.expected(spec)
         if self.opt.admission and spec.trajectory is not None:
+            self._limit_dirty = True
             t_end = self.last_end.get(spec.trajectory)
             if t_end is not None:
                 self.gaps.add(now - t_end)
@@ -366,6 +370,7 @@ class TangramPolicy(Policy):
         return out
 
     def _capacity_changed(self) -> None:
+        self._limit_dirty = True
         for name in self.pools:
             self.dirty[name] = None
         self.freed_res.update(dict.fromkeys(self.reserved))  # a node may have left: look at each
@@ -398,22 +403,27 @@ class TangramPolicy(Policy):
                               f"{type(e).__name__}: {e}")
 
     def _admit(self, now: float, out: list[Decision]) -> None:
-        """Admit trajectories while expected CPU demand stays under target occupancy (Little's law).
+        """Admit trajectories while the expected demand on each resource stays under its target (Little's law).
 
-        Demand of one active trajectory = CPU unit-seconds per turn (at units.max)
-        / (LLM gap + action time), all learned from what was submitted so far.
+        The limit (``_admission_limit``) is a function of what was learned and
+        of capacity only: it is recomputed when a submission, a trajectory's
+        end or a capacity change touched them (``_limit_dirty``), not on every
+        pass. The queue check runs only when the limit would admit someone.
         """
-        cap = max(self.cpu.slots, 1)
-        max_wait = math.inf
-        if self.gaps.n >= 16 and self.turn_work.n >= 16:
-            cycle = self.gaps.mean + self.turn_time.mean
-            limit = self._admission_limit(cycle)
-            if self.opt.admission_cycles:
-                max_wait = self.opt.admission_cycles * cycle
-        else:
-            limit = cap  # nothing learned yet: one trajectory per slot
-        if self.opt.admission_queue and self._queueing():
-            limit = min(limit, self.active)
+        if self._limit_dirty or self._limit is None:
+            max_wait = math.inf
+            if self.gaps.n >= 16 and self.turn_work.n >= 16:
+                cycle = self.gaps.mean + self.turn_time.mean
+                limit = self._admission_limit(cycle)
+                if self.opt.admission_cycles:
+                    max_wait = self.opt.admission_cycles * cycle
+            else:
+                limit = max(self.cpu.slots, 1)  # nothing learned yet: one trajectory per slot
+            self._limit = (limit, max_wait)
+            self._limit_dirty = False
+        limit, max_wait = self._limit
+        if self.active < limit and self.opt.admission_queue and self._queueing():
+            limit = self.active
         while self.admission_queue:
             t, asked = next(iter(self.admission_queue.items()))
             if self.active >= limit and now - asked < max_wait:
