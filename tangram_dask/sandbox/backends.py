@@ -119,13 +119,20 @@ def _unreadable_by(path: str, uid: int, final: int = 0o5) -> str:
 
 
 def _count_tasks(uid: int) -> int:
-    """Threads that ``uid`` owns now (RLIMIT_NPROC counts them all)."""
+    """Threads that ``uid`` owns now in this user namespace (what RLIMIT_NPROC counts)."""
+    try:
+        mine = os.stat("/proc/self/ns/user").st_ino
+    except OSError:
+        mine = None
     n = 0
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{name}/task"))
+                if os.stat(f"/proc/{name}").st_uid != uid:
+                    continue
+                if mine is not None and os.stat(f"/proc/{name}/ns/user").st_ino != mine:
+                    continue  # counted in its own user namespace, not in ours
+                n += len(os.listdir(f"/proc/{name}/task"))
             except OSError:
                 pass
     return n
