@@ -93,6 +93,7 @@ class Action:
     state: ActionState = NEW
     error: str | None = None
     grant: Grant | None = None
+    annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
 
 
 @dataclass
@@ -334,10 +335,13 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
     def _done(self, key: Hashable, ts: Any) -> None:
         """The action left the plugin's hands: forget its record, its grant and its timer."""
-        self.actions.pop(key, None)
+        a = self.actions.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        if a is not None and a.annotations is not None and ts is not None:
+            ts.annotations = a.annotations  # the user's own dict back: no copy per finished task
+            return
         ann = ts.annotations if ts is not None else None
         tg = ann.get(ANNOTATION) if ann else None
         if isinstance(tg, dict) and "grant" in tg:  # what Dask keeps per task: the user's annotation only
@@ -495,6 +499,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if decl.device_ids:
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
         grant = Grant.of_start(d, worker, device_ids, self._setup_s(d, spec))
+        a.annotations = ts.annotations
         ann = dict(ts.annotations or {})
         tg = dict(ann.get(ANNOTATION) or {})
         tg["grant"] = grant.to_msg()
