@@ -127,8 +127,7 @@ class SchedulerResidency:
         Asking again decides nothing here; the policy does.
         """
         self.reconcile()
-        pol = self.plugin.policy
-        if pol is not None and self.plugin.stats.submitted > self.plugin.stats.started:
+        if self.plugin.policy is not None:  # one policy.schedule(now) a second: cheap next to a flush per event
             kick = getattr(self.plugin, "_kick", None)
             if kick is not None:
                 kick()
