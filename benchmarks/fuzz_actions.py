@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import re
 import sys
@@ -519,7 +518,8 @@ def report(res: Result, iso: list[dict]) -> None:
     for o in res.oversized:
         print(f"oversized units.min={o['units']}: {o['status']}, clear={o['clear']}: {o['message'][:240]}")
     print(f"elastic probe (1,2) p=1.0 on the idle cluster: before {res.elastic_before} units, after "
-          f"{res.elastic_after}; policy rmin before {res.state_before.get('rmin')}, after {res.state_after.get('rmin')}")
+          f"{res.elastic_after}; policy rmin before {res.state_before.get('rmin')}, "
+          f"after {res.state_after.get('rmin')}")
     for r in iso:
         print(f"isolated units=({r['units']}, {r['units_max']:.3g}): big action {r['oversized']} (clear={r['clear']}) "
               f"{r['oversized_message'][:200]!r}; 4 ahead {r['ahead']}, 4 behind {r['behind']}; "

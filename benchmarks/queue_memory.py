@@ -41,7 +41,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import dask
 from distributed import Client, Event, wait
@@ -247,10 +247,11 @@ def measure_rss(kind: str, what: str, n: int) -> dict:
         gate = f"qm-{kind}-{what}"
         rss0 = client.run_on_scheduler(_rss)
         t = time.perf_counter()
+        # _futs is never read: holding it keeps the tasks alive while the scheduler is measured
         if what == "queued":
-            futs, blockers = submit_queued(client, kind, n, gate)
+            _futs, blockers = submit_queued(client, kind, n, gate)
         else:
-            futs, blockers = submit_held(client, kind, n), []
+            _futs, blockers = submit_held(client, kind, n), []
         dt = time.perf_counter() - t
         rss1 = client.run_on_scheduler(_rss)
         states = client.run_on_scheduler(_states)
@@ -324,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     for kind, tr in traces.items():
         for what in ("queued", "held"):
             d = tr[what]
-            print(f"\ntracemalloc, {tr['n']} {kind} tasks {what}: {d['bytes'] / tr['n']:.0f} traced bytes/task; top sites:")
+            print(f"\ntracemalloc, {tr['n']} {kind} tasks {what}: "
+                  f"{d['bytes'] / tr['n']:.0f} traced bytes/task; top sites:")
             for row in d["top"]:
                 print(f"  {row['bytes'] / tr['n']:7.0f} B/task {row['count'] / tr['n']:6.2f} obj/task  "
                       f"{row['site']}: {row['line']}")

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['n']:>8} {r['rss_mb']:>14.1f} {r['bytes_per_action']:>13.0f} {r['dispatch_us_per_action']:>19.1f} "
               f"{r['drain_us_per_action']:>16.1f} {r['queue_s']:>8.2f} {r['drain_s']:>8.2f}")
     a, b = rows[0], rows[-1]
-    print(f"growth {a['n']} -> {b['n']} ({b['n'] / a['n']:.0f}x actions): memory x{b['rss_mb'] / max(a['rss_mb'], 1e-9):.1f}, "
+    print(f"growth {a['n']} -> {b['n']} ({b['n'] / a['n']:.0f}x actions): "
+          f"memory x{b['rss_mb'] / max(a['rss_mb'], 1e-9):.1f}, "
           f"dispatch cost per action x{b['dispatch_us_per_action'] / a['dispatch_us_per_action']:.2f}")
 
 

@@ -99,7 +99,8 @@ class ClusterSpec:
         keep = math.ceil(len(self.gpu_nodes) * f - 1e-9) if self.gpu_nodes else 0
         gpu = self.gpu_nodes[:max(1, keep) if self.gpu_nodes else 0]
         tokens = math.ceil(self.api_tokens * f - 1e-9) if self.api_tokens else 0
-        return replace(self, name=f"{self.name}@{f:g}", cpu_nodes=cpu, gpu_nodes=gpu, api_tokens=max(tokens, 1 if self.api_tokens else 0))
+        return replace(self, name=f"{self.name}@{f:g}", cpu_nodes=cpu, gpu_nodes=gpu,
+                       api_tokens=max(tokens, 1 if self.api_tokens else 0))
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -153,7 +154,8 @@ def parse_cluster(data: Any, path: str = "<cluster>") -> ClusterSpec:
 
 
 def _groups(v: Any, _: str) -> list[int]:
-    if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v):
+    if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                   for x in v):
         raise ValueError(f"must be a list of whole numbers >= 1, got {v!r}")
     return v
 
@@ -164,6 +166,7 @@ def parse_models(data: Any, path: str, where: str = "models") -> dict[str, Model
     out = {}
     for name, spec in data.items():
         m = Reader(path, spec, f"{where}.{name}")
-        out[str(name)] = ModelSpec(str(name), m.get("gpu_memory_gb", number(0, open_lo=True)), m.get("load_s", number(0)))
+        out[str(name)] = ModelSpec(str(name), m.get("gpu_memory_gb", number(0, open_lo=True)),
+                                   m.get("load_s", number(0)))
         m.done()
     return out

@@ -162,7 +162,8 @@ def lru_case() -> tuple[Generated, ClusterSpec]:
     wl = make_workload(
         [kind("tool"), kind("gA", "gpu", model="A", weight=1.0), kind("gB", "gpu", model="B", weight=0.1),
          kind("gC", "gpu", model="C", weight=0.1)],
-        [kind("rB", "gpu", model="B", weight=0.1)], models={m: {"gpu_memory_gb": 40, "load_s": 10} for m in ("A", "B", "C")})
+        [kind("rB", "gpu", model="B", weight=0.1)],
+        models={m: {"gpu_memory_gb": 40, "load_s": 10} for m in ("A", "B", "C")})
     gen = hand_run(wl, [[(1.0, "gB", 1.0), (1.0, "gA", 1.0), (1.0, "gC", 1.0), (0.0, "rB", 1.0)]])
     return gen, make_cluster(cpu=[{"slots": 1}], gpu=[{"gpus": 1, "gpu_memory_gb": 80}])
 

@@ -23,7 +23,8 @@ def test_units_min_first_fit_and_warm_start():
     cl = make_cluster(cpu=[{"count": 2, "slots": 2}], warm=0.5, cold=3.0)
     run = simulate(wl, cl, "fifo")
     starts = run.starts()
-    assert [(starts[a][1].node, starts[a][1].units, starts[a][1].sandbox) for a in range(4)] == [("cpu-0", 1, "warm")] * 4
+    assert ([(starts[a][1].node, starts[a][1].units, starts[a][1].sandbox) for a in range(4)]
+            == [("cpu-0", 1, "warm")] * 4)
     assert run.act.tolist() == approx([4.5, 1.5, 4.5, 1.5])
     m = run.metrics
     assert m["step_s"] == approx(7.0)

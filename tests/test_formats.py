@@ -54,17 +54,23 @@ BAD_WORKLOADS = [
     ("missing-duration", _set(["rewards", 0, "duration_s"], _DELETE), "rewards[0].duration_s", "required"),
     ("units-max-below-min", _set(["tools", 1, "units"], {"min": 4, "max": 2}), "tools[1].units.max", "units.min = 4"),
     ("units-min-zero", _set(["tools", 0, "units", "min"], 0), "tools[0].units.min", ">= 1"),
-    ("unknown-dist", _set(["tools", 0, "duration_s"], {"dist": "pareto", "alpha": 2}), "tools[0].duration_s.dist", "pareto"),
+    ("unknown-dist", _set(["tools", 0, "duration_s"], {"dist": "pareto", "alpha": 2}), "tools[0].duration_s.dist",
+     "pareto"),
     ("unknown-dist-turns", _set(["turns"], {"dist": "poisson", "mean": 3}), "turns.dist", "poisson"),
-    ("dist-extra-key", _set(["llm_time_s"], {"dist": "constant", "value": 1, "sigma": 1}), "llm_time_s.sigma", "unknown key"),
-    ("lognormal-missing-sigma", _set(["llm_time_s"], {"dist": "lognormal", "median": 1}), "llm_time_s.sigma", "required"),
-    ("lognormal-median-zero", _set(["llm_time_s"], {"dist": "lognormal", "median": 0, "sigma": 1}), "llm_time_s.median", "> 0"),
+    ("dist-extra-key", _set(["llm_time_s"], {"dist": "constant", "value": 1, "sigma": 1}), "llm_time_s.sigma",
+     "unknown key"),
+    ("lognormal-missing-sigma", _set(["llm_time_s"], {"dist": "lognormal", "median": 1}), "llm_time_s.sigma",
+     "required"),
+    ("lognormal-median-zero", _set(["llm_time_s"], {"dist": "lognormal", "median": 0, "sigma": 1}), "llm_time_s.median",
+     "> 0"),
     ("negative-duration", _set(["tools", 0, "duration_s"], const(-1)), "tools[0].duration_s.value", ">= 0"),
-    ("uniform-high-below-low", _set(["llm_time_s"], {"dist": "uniform", "low": 3, "high": 1}), "llm_time_s.high", "low = 3"),
+    ("uniform-high-below-low", _set(["llm_time_s"], {"dist": "uniform", "low": 3, "high": 1}), "llm_time_s.high",
+     "low = 3"),
     ("geometric-mean-below-one", _set(["turns"], {"dist": "geometric", "mean": 0.5}), "turns.mean", ">= 1"),
     ("turns-constant-zero", _set(["turns"], const(0)), "turns.value", ">= 1"),
     ("gpu-kind-without-model", _set(["rewards", 0, "model"], _DELETE), "rewards[0].model", "required for gpu"),
-    ("model-not-under-models", _set(["rewards", 0, "model"], "rm-huge"), "rewards[0].model", "not defined under models"),
+    ("model-not-under-models", _set(["rewards", 0, "model"], "rm-huge"), "rewards[0].model",
+     "not defined under models"),
     ("model-on-cpu-kind", _set(["tools", 0, "model"], "rm"), "tools[0].model", "only gpu actions"),
     ("unknown-resource", _set(["tools", 0, "resource"], "tpu"), "tools[0].resource", "tpu"),
     ("zero-weight", _set(["tools", 0, "weight"], 0), "tools[0].weight", "> 0"),
@@ -105,12 +111,14 @@ def test_bad_workload_names_file_and_key(edit, key, words):
 
 
 def _valid_cluster() -> dict:
-    return cluster_dict(cpu=[{"count": 2, "slots": 4}], gpu=[{"count": 1, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]}],
+    return cluster_dict(cpu=[{"count": 2, "slots": 4}],
+                        gpu=[{"count": 1, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]}],
                         tokens=4, cold=3.0, warm=0.05)
 
 
 BAD_CLUSTERS = [
-    ("groups-not-summing-to-gpus", _set(["gpu", "nodes", 0, "groups"], [2, 1]), "gpu.nodes[0].groups", "sum to gpus = 4"),
+    ("groups-not-summing-to-gpus", _set(["gpu", "nodes", 0, "groups"], [2, 1]), "gpu.nodes[0].groups",
+     "sum to gpus = 4"),
     ("groups-empty", _set(["gpu", "nodes", 0, "groups"], []), "gpu.nodes[0].groups", "whole numbers"),
     ("groups-zero-size", _set(["gpu", "nodes", 0, "groups"], [4, 0]), "gpu.nodes[0].groups", "whole numbers"),
     ("negative-tokens", _set(["api", "tokens"], -1), "api.tokens", ">= 0"),
@@ -187,7 +195,8 @@ def test_defaults_of_optional_keys():
     assert parse_workload(d).hint_sigma == 1.0
     t = parse_workload(workload_dict([{"kind": "x", "weight": 1, "resource": "cpu", "duration_s": const(1)}])).tools[0]
     assert (t.units_min, t.units_max, t.parallel_fraction, t.affinity, t.restore_s) == (1, 1, 0.0, None, 0.0)
-    cl = parse_cluster({"name": "bare", "cpu": {"nodes": [{"slots": 2}]}, "gpu": {"nodes": [{"gpus": 2, "gpu_memory_gb": 24}]}})
+    cl = parse_cluster({"name": "bare", "cpu": {"nodes": [{"slots": 2}]},
+                        "gpu": {"nodes": [{"gpus": 2, "gpu_memory_gb": 24}]}})
     assert cl.gpu_nodes[0].groups == (2,)  # one group when none is given
     assert (cl.cross_group_slowdown, cl.api_tokens, cl.cold_start_s, cl.warm_start_s) == (1.0, 0, 0.0, 0.0)
 

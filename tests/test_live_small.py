@@ -14,7 +14,8 @@ def _tiny():
         tools=[kind("code", "cpu", 0.5, units=(1, 2), p=0.5), kind("search", "api", 0.3, weight=0.5)],
         rewards=[kind("judge", "gpu", 0.5, model="rm")],
         trajectories=3, turns=2, llm=0.2, models={"rm": {"gpu_memory_gb": 16, "load_s": 1.0}})
-    cl = make_cluster(cpu=[{"count": 1, "slots": 2}], gpu=[{"count": 1, "gpus": 2, "gpu_memory_gb": 80, "groups": [1, 1]}],
+    cl = make_cluster(cpu=[{"count": 1, "slots": 2}],
+                      gpu=[{"count": 1, "gpus": 2, "gpu_memory_gb": 80, "groups": [1, 1]}],
                       tokens=1, warm=0.05, cold=0.5)
     return wl, cl
 

@@ -247,7 +247,8 @@ def test_audit_catches_over_allocation(resource):
     wl = make_workload([kind("tool", resource)], [kind("reward", resource)], trajectories=3)
     cl = make_cluster(cpu=[{"slots": 2}], tokens=2)
     gen = generate(wl)
-    with pytest.raises(AuditError, match="CPU slots over-allocated" if resource == "cpu" else "API tokens over-allocated"):
+    with pytest.raises(AuditError,
+                       match="CPU slots over-allocated" if resource == "cpu" else "API tokens over-allocated"):
         Simulator(gen, cl, _OverbookingFifo.make(cl, wl), audit=True).run()
     # without the audit the same run goes through: the audit is what catches it
     Simulator(gen, cl, _OverbookingFifo.make(cl, wl), audit=False).run()

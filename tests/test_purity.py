@@ -27,7 +27,8 @@ def _imported_roots(path: Path) -> set[str]:
             roots.add(node.module.split(".")[0])
         elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
                 "__import__", "import_module"):
-            roots.update(a.value.split(".")[0] for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+            roots.update(a.value.split(".")[0] for a in node.args
+                         if isinstance(a, ast.Constant) and isinstance(a.value, str))
     return roots
 
 

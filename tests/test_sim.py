@@ -48,13 +48,15 @@ SIM_CASES = [
     # cpu-0 -> 13.5. T0: st issued 2 + 1 = 3, cpu-0 busy -> cpu-1, state moves: 2 + 1 -> ends 6; its reward
     # at 6 -> cpu-1 -> 7. One restore.
     pytest.param("fifo", [kind("st", dur=1.0, affinity="trajectory", restore_s=2.0)], [REWARD],
-                 [[(1.0, "st", 1.0), (1.0, "st", 1.0), (0.0, "reward", 1.0)], [(2.5, "st", 10.0), (0.0, "reward", 1.0)]],
+                 [[(1.0, "st", 1.0), (1.0, "st", 1.0), (0.0, "reward", 1.0)],
+                  [(2.5, "st", 10.0), (0.0, "reward", 1.0)]],
                  {"cpu": [{"count": 2, "slots": 1}]},
                  [1.0, 3.0, 6.0, 2.5, 12.5], [2.0, 6.0, 7.0, 12.5, 13.5], (0, 0, 1), id="restore-when-state-moves"),
     # no restore when the state stays: same as above on one node of 2 slots: T0's second st runs where its
     # state is (3 -> 4), reward 4 -> 5; T1 2.5 -> 12.5 -> 13.5
     pytest.param("fifo", [kind("st", dur=1.0, affinity="trajectory", restore_s=2.0)], [REWARD],
-                 [[(1.0, "st", 1.0), (1.0, "st", 1.0), (0.0, "reward", 1.0)], [(2.5, "st", 10.0), (0.0, "reward", 1.0)]],
+                 [[(1.0, "st", 1.0), (1.0, "st", 1.0), (0.0, "reward", 1.0)],
+                  [(2.5, "st", 10.0), (0.0, "reward", 1.0)]],
                  {"cpu": [{"slots": 2}]},
                  [1.0, 3.0, 4.0, 2.5, 12.5], [2.0, 4.0, 5.0, 12.5, 13.5], (0, 0, 0), id="no-restore-on-home"),
     # Amdahl on 4 units: tangram on an idle node of 4 slots, tool units 1..4, p = 1: S(4) = 4:
@@ -76,12 +78,14 @@ SIM_CASES = [
     # both cannot be resident. tool 1 -> 2; reward on B issued at 2: evict A, load B 10 s, run 2 s: ends 14
     pytest.param("fifo", [kind("tool", dur=1.0), kind("gA", "gpu", model="A", weight=1.0)],
                  [kind("rB", "gpu", dur=2.0, model="B", weight=0.1)],
-                 [[(1.0, "tool", 1.0), (0.0, "rB", 2.0)]], {"cpu": [{"slots": 1}], "gpu": [{"gpus": 1, "gpu_memory_gb": 80}]},
+                 [[(1.0, "tool", 1.0), (0.0, "rB", 2.0)]],
+                 {"cpu": [{"slots": 1}], "gpu": [{"gpus": 1, "gpu_memory_gb": 80}]},
                  [1.0, 2.0], [2.0, 14.0], (1, 0, 0), id="model-load"),
     # resident model: the reward on A needs no load: 2 -> 4
     pytest.param("fifo", [kind("tool", dur=1.0), kind("gA", "gpu", model="A", weight=1.0)],
                  [kind("rA", "gpu", dur=2.0, model="A", weight=1.0)],
-                 [[(1.0, "tool", 1.0), (0.0, "rA", 2.0)]], {"cpu": [{"slots": 1}], "gpu": [{"gpus": 1, "gpu_memory_gb": 80}]},
+                 [[(1.0, "tool", 1.0), (0.0, "rA", 2.0)]],
+                 {"cpu": [{"slots": 1}], "gpu": [{"gpus": 1, "gpu_memory_gb": 80}]},
                  [1.0, 2.0], [2.0, 4.0], (0, 0, 0), id="model-resident-no-load"),
 ]
 
@@ -138,7 +142,8 @@ FITS_ERRORS = [
                  [[(1.0, "tool", 1.0), (0.0, "reward", 1.0)]], "tools[0].units.min", ("3", "2"), id="cpu-too-big"),
     # the second tool kind needs 2 tokens, the cluster has 1
     pytest.param([kind("tool"), kind("search", "api", units=(2, 2))], [REWARD], {"cpu": [{"slots": 2}], "tokens": 1},
-                 [[(1.0, "search", 1.0), (0.0, "reward", 1.0)]], "tools[1].units.min", ("2", "1"), id="api-too-few-tokens"),
+                 [[(1.0, "search", 1.0), (0.0, "reward", 1.0)]], "tools[1].units.min", ("2", "1"),
+                 id="api-too-few-tokens"),
     # a 200 GB model on 80 GB GPUs, two per node: a replica needs 3 GPUs
     pytest.param([kind("tool")], [kind("rm", "gpu", model="big")], {"cpu": [{"slots": 1}],
                                                                     "gpu": [{"gpus": 2, "gpu_memory_gb": 80}]},

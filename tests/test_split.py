@@ -79,11 +79,13 @@ CASES = [
      [R("a", "gpu-0", 0), R("b", "gpu-0", 1)]),
     ("replica-size-grown-per-node",
      # 60 GB needs 3 GPUs of 24 GB (more than the small node has) but only 1 of 80 GB
-     dict(gpu=[{"gpus": 2, "gpu_memory_gb": 24}, {"gpus": 2, "gpu_memory_gb": 80}]), _models(a=60), [("a", 1.0, 1.0, 1)],
+     dict(gpu=[{"gpus": 2, "gpu_memory_gb": 24}, {"gpus": 2, "gpu_memory_gb": 80}]), _models(a=60),
+     [("a", 1.0, 1.0, 1)],
      [R("a", "gpu-1", 0), R("a", "gpu-1", 1)]),
     ("mixed-nodes-each-get-their-own-size",
      # 40 GB: 2 GPUs on the 24 GB node, 1 on the 80 GB node
-     dict(gpu=[{"gpus": 2, "gpu_memory_gb": 24}, {"gpus": 1, "gpu_memory_gb": 80}]), _models(a=40), [("a", 1.0, 1.0, 1)],
+     dict(gpu=[{"gpus": 2, "gpu_memory_gb": 24}, {"gpus": 1, "gpu_memory_gb": 80}]), _models(a=40),
+     [("a", 1.0, 1.0, 1)],
      [R("a", "gpu-1", 0), R("a", "gpu-0", 0, 1)]),
     ("zero-demand-shares-equally",  # every median 0 (constant 0 s durations): equal shares of 3 GPUs
      dict(gpu=[{"gpus": 3, "gpu_memory_gb": 80}]), _models(a=10, b=10), [("a", 1.0, 0.0, 1), ("b", 1.0, 0.0, 1)],

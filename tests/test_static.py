@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import approx, hand_run, kind, lru_case, make_cluster, make_workload, simulate, topology_case
+from conftest import approx, hand_run, kind, lru_case, make_cluster, make_workload, simulate
 
 from tangram_dask.policy import StaticPolicy, make_policy
 from tangram_dask.policy.types import Admit
@@ -80,7 +80,8 @@ def _gpu_case():
     Two trajectories: a 1 s tool then an A reward of 2 s, issued together.
     """
     wl = make_workload([kind("tool")],
-                       [kind("rA", "gpu", dur=2.0, model="A", weight=0.9), kind("rB", "gpu", dur=2.0, model="B", weight=0.1)],
+                       [kind("rA", "gpu", dur=2.0, model="A", weight=0.9),
+                        kind("rB", "gpu", dur=2.0, model="B", weight=0.1)],
                        trajectories=2, models={"A": {"gpu_memory_gb": 40, "load_s": 10},
                                                "B": {"gpu_memory_gb": 40, "load_s": 10}})
     gen = hand_run(wl, [[(1.0, "tool", 1.0), (0.0, "rA", 2.0)]] * 2)
@@ -94,7 +95,8 @@ def test_waits_for_a_replica_of_its_own_model_and_never_loads():
     gen, cl = _gpu_case()
     run = simulate(gen, cl, "static")
     starts = run.starts()
-    assert [(starts[a][0], starts[a][1].gpus, starts[a][1].load) for a in (1, 3)] == [(5.0, (0,), False), (7.0, (0,), False)]
+    assert ([(starts[a][0], starts[a][1].gpus, starts[a][1].load) for a in (1, 3)]
+            == [(5.0, (0,), False), (7.0, (0,), False)])
     assert run.act[[1, 3]].tolist() == approx([2.0, 4.0])
     assert run.metrics["model_loads"] == 0
     assert all(not d.evict for _, d in starts.values())
