@@ -48,8 +48,11 @@ class Allocation:
         return ",".join(str(i) for i in (self.device_ids or self.gpus))
 
     def env(self) -> dict[str, str]:
-        """Environment for a subprocess or server the action starts (names its GPUs)."""
-        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.gpus else {}
+        """Environment for a subprocess or server the action starts (names its GPUs, numbered as NVML
+        numbers them: PCI bus order)."""
+        if not self.gpus:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     @classmethod
     def from_annotation(cls, ann: Mapping[str, Any]) -> "Allocation":

@@ -42,7 +42,8 @@ def test_declare_falls_back_to_config_with_a_log_line(caplog):
     ("cpu from --resources", {"slots": 8}, {"nvml": False}, "cpu", 8, 0),
     ("cpu from config", {}, {"nvml": False, "slots": 4}, "cpu", 4, 0),
     ("api worker", {"api": 3}, {"nvml": False}, "api", 0, 3),
-    ("underscored env keys", {}, {"nvml": False, "gpus": 2, "gpu_groups": [1, 1]}, "gpu", 0, 0),
+    ("underscored env keys", {}, {"nvml": False, "gpus": 2, "gpu_groups": [1, 1], "gpu_memory_gb": 80},
+     "gpu", 0, 0),
 ])
 def test_declare_roles(name, resources, cfg, role, slots, api):
     d = declare(resources, cfg)
@@ -65,7 +66,7 @@ def test_allocation_reads_the_grant():
     g = Grant(2, "tcp://a:1", "tcp://a:1", (2, 3), 7, load=True, setup_s=10.0)
     a = Allocation.from_annotation({"kind": "judge", "resource": "gpu", "model": "rm", "grant": g.to_msg()})
     assert (a.units, a.gpus, a.replica, a.load, a.setup_s) == (2, (2, 3), 7, True, 10.0)
-    assert a.cuda_visible_devices == "2,3" and a.env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert a.cuda_visible_devices == "2,3" and a.env() == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_parse_annotation_ignores_the_grant_and_names_bad_fields():
