@@ -44,6 +44,17 @@ def _short(addr: str) -> str:
     return addr.split("://", 1)[-1]
 
 
+def _span(rng: Range1d, lo: float, hi: float) -> None:
+    """Set an explicit range from the server. Bokeh's automatic ranges are computed in the browser and
+    sent back to the server as a patch on every data change: a measured cost on the scheduler."""
+    if not hi > lo:
+        hi = lo + 1.0
+    if rng.start != lo:
+        rng.start = lo
+    if rng.end != hi:
+        rng.end = hi
+
+
 def _new_points(ts: list[float], source: ColumnDataSource) -> int:
     """Index of the first sample in ``ts`` newer than what ``source`` holds."""
     have = source.data["t"]
@@ -61,7 +72,8 @@ class ActionsByKind(DashboardComponent):
     def __init__(self, view: TangramView, **kwargs: Any):
         self.view = view
         self.source = ColumnDataSource({"kind": [], "resource": [], "waiting": [], "pending": [], "running": []})
-        fig = figure(title="Actions by kind", x_range=FactorRange(), tools="", name="tangram_actions",
+        fig = figure(title="Actions by kind", x_range=FactorRange(), y_range=Range1d(0, 1), tools="",
+                     name="tangram_actions",
                      height=260, **kwargs)
         fig.vbar_stack(["waiting", "pending", "running"], x="kind", width=0.8, source=self.source,
                        color=[STATE_COLORS[s] for s in ("waiting", "pending", "running")],
@@ -70,7 +82,6 @@ class ActionsByKind(DashboardComponent):
                                          "@waiting waiting"))
         fig.legend.location = "top_right"
         fig.legend.orientation = "horizontal"
-        fig.y_range.start = 0
         fig.toolbar_location = None
         self.root = fig
 
@@ -88,6 +99,8 @@ class ActionsByKind(DashboardComponent):
             self.root.x_range.factors = kinds
         update(self.source, {"kind": kinds, **{c: [rows[k][c] for k in kinds]
                                                for c in ("resource", "waiting", "pending", "running")}})
+        _span(self.root.y_range, 0, 1.25 * max([r["waiting"] + r["pending"] + r["running"] for r in rows.values()],
+                                               default=1))
         p = sum(r["pending"] for r in rows.values())
         self.root.title.text = f"Actions by kind: {p} pending, {sum(r['running'] for r in rows.values())} running"
 
@@ -213,7 +226,7 @@ class ActOverTime(DashboardComponent):
         self.mean = ColumnDataSource({"xs": [], "ys": [], "kind": [], "color": []})
         self.p99 = ColumnDataSource({"xs": [], "ys": [], "kind": [], "color": []})
         fig = figure(title="ACT per kind (s): mean, p99 dashed", tools=_TOOLS, name="tangram_act", height=260,
-                     **kwargs)
+                     x_range=Range1d(0, 1), y_range=Range1d(0, 1), **kwargs)
         fig.multi_line(xs="xs", ys="ys", color="color", source=self.mean, line_width=2, legend_field="kind")
         fig.multi_line(xs="xs", ys="ys", color="color", source=self.p99, line_width=1, line_dash="dashed")
         fig.add_tools(HoverTool(tooltips="@kind"))
@@ -232,6 +245,11 @@ class ActOverTime(DashboardComponent):
         for src, stat in ((self.mean, "mean_s"), (self.p99, "p99_s")):
             update(src, {"xs": [series[k]["t"] for k in kinds], "ys": [series[k][stat] for k in kinds],
                          "kind": kinds, "color": [self.colors[k] for k in kinds]})
+        ts = [t for k in kinds for t in series[k]["t"]]
+        if ts:
+            w = self.view.state()["act"]["window_s"]
+            _span(self.root.x_range, min(ts), max(ts) + w)
+            _span(self.root.y_range, 0, 1.1 * max(v for k in kinds for v in series[k]["p99_s"]))
 
 
 class Utilization(DashboardComponent):
@@ -241,7 +259,7 @@ class Utilization(DashboardComponent):
         self.view = view
         self.source = ColumnDataSource({"t": [], "cpu": [], "gpu": [], "api": []})
         fig = figure(title="Utilization per resource", tools=_TOOLS, name="tangram_utilization", height=220,
-                     y_range=Range1d(0, 1.05), **kwargs)
+                     x_range=Range1d(0, 1), y_range=Range1d(0, 1.05), **kwargs)
         for r, c in RESOURCE_COLORS.items():
             fig.line(x="t", y=r, source=self.source, color=c, line_width=2, legend_label=r)
         fig.legend.location = "top_left"
@@ -257,6 +275,7 @@ class Utilization(DashboardComponent):
         if k < len(h["t"]):  # only the new samples go to the browser
             self.source.stream({"t": h["t"][k:], **{r: [u.get(r, 0.0) for u in h["utilization"][k:]]
                                                    for r in RESOURCE_COLORS}}, rollover=HISTORY)
+            _span(self.root.x_range, self.source.data["t"][0], self.source.data["t"][-1])
         u = self.view.state()["utilization"]
         self.root.title.text = "Utilization: " + ", ".join(f"{r} {u[r]:.0%}" for r in RESOURCE_COLORS if r in u)
 
@@ -267,14 +286,14 @@ class AdmissionQueue(DashboardComponent):
     def __init__(self, view: TangramView, **kwargs: Any):
         self.view = view
         self.source = ColumnDataSource({"t": [], "admission": [], "pending": []})
-        fig = figure(title="Admission queue", tools=_TOOLS, name="tangram_admission", height=220, **kwargs)
+        fig = figure(title="Admission queue", tools=_TOOLS, name="tangram_admission", height=220,
+                     x_range=Range1d(0, 1), y_range=Range1d(0, 1), **kwargs)
         fig.line(x="t", y="admission", source=self.source, color="#d62728", line_width=2,
                  legend_label="trajectories waiting")
         fig.line(x="t", y="pending", source=self.source, color="#ff7f0e", line_width=1,
                  legend_label="actions pending")
         fig.legend.location = "top_left"
         fig.xaxis.axis_label = "policy time (s)"
-        fig.y_range.start = 0
         self.root = fig
 
     @without_property_validation
@@ -285,6 +304,9 @@ class AdmissionQueue(DashboardComponent):
         if k < len(h["t"]):
             self.source.stream({"t": h["t"][k:], "admission": h["admission_queue"][k:], "pending": h["pending"][k:]},
                                rollover=HISTORY)
+            d = self.source.data
+            _span(self.root.x_range, d["t"][0], d["t"][-1])
+            _span(self.root.y_range, 0, 1.15 * max(max(d["admission"]), max(d["pending"]), 1))
         self.root.title.text = f"Admission queue: {h['admission_queue'][-1] if h['t'] else 0} trajectories waiting"
 
 
@@ -295,13 +317,12 @@ class SandboxPools(DashboardComponent):
         self.view = view
         self.source = ColumnDataSource({"worker": [], "warm": [], "in_use": [], "starting": [], "cold_starts": [],
                                         "started": []})
-        fig = figure(title="Sandbox pools", y_range=FactorRange(), tools="", name="tangram_sandboxes", height=220,
-                     **kwargs)
+        fig = figure(title="Sandbox pools", y_range=FactorRange(), x_range=Range1d(0, 1), tools="",
+                     name="tangram_sandboxes", height=220, **kwargs)
         fig.hbar_stack(["warm", "in_use", "starting"], y="worker", height=0.8, source=self.source,
                        color=["#31a354", "#1f77b4", "#fdae6b"], legend_label=["warm", "in use", "starting"])
         fig.add_tools(HoverTool(tooltips="@worker: @warm warm, @in_use in use, @starting starting, "
                                          "@cold_starts cold starts, @started started"))
-        fig.x_range.start = 0
         fig.legend.location = "bottom_right"
         fig.legend.orientation = "horizontal"
         fig.toolbar_location = None
@@ -320,6 +341,9 @@ class SandboxPools(DashboardComponent):
                              "starting": [sb[w].get("starting", 0) for w in ws],
                              "cold_starts": [sb[w].get("cold_starts", 0) for w in ws],
                              "started": [sb[w].get("started", 0) for w in ws]})
+        _span(self.root.x_range, 0, 1.05 * max([sb[w].get("size", 0) for w in ws] + [sb[w].get("ready", 0) +
+                                               sb[w].get("in_use", 0) + sb[w].get("starting", 0) for w in ws],
+                                              default=1))
         self.root.title.text = (f"Sandbox pools: {sum(sb[w].get('ready', 0) for w in ws)} warm, "
                                 f"{sum(sb[w].get('cold_starts', 0) for w in ws)} cold starts")
 
