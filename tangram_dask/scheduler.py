@@ -195,9 +195,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[BEGIN_TRAJECTORY_HANDLER] = self._handle_begin_trajectory
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
-        install_residency(self, scheduler)  # reward models: registrations, residency reports (tangram_dask.models)
-        install_adaptive(self, scheduler)  # elastic pool: adaptive_target per kind, safe retirement (tangram_dask.adaptive)
-        install_dashboard(self, scheduler)  # Tangram page, /tangram/state.json, /metrics, events (tangram_dask.dashboard)
+        # one feature, one name: what the other parts install on this scheduler
+        install_residency(self, scheduler)  # reward models: registrations, residency reports (models/)
+        install_adaptive(self, scheduler)  # elastic pool: adaptive_target per kind, safe retirement
+        install_dashboard(self, scheduler)  # Tangram page, /tangram/state.json, /metrics, events
         for addr in list(scheduler.workers):  # workers already there when the plugin arrived
             self.add_worker(scheduler, addr)
         await scheduler.register_worker_plugin(None, dumps(TangramWorkerPlugin()), name=PLUGIN_NAME,

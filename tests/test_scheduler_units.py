@@ -66,7 +66,8 @@ def test_allocation_reads_the_grant():
     g = Grant(2, "tcp://a:1", "tcp://a:1", (2, 3), 7, load=True, setup_s=10.0)
     a = Allocation.from_annotation({"kind": "judge", "resource": "gpu", "model": "rm", "grant": g.to_msg()})
     assert (a.units, a.gpus, a.replica, a.load, a.setup_s) == (2, (2, 3), 7, True, 10.0)
-    assert a.cuda_visible_devices == "2,3" and a.env() == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert a.cuda_visible_devices == "2,3"
+    assert a.env() == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_parse_annotation_ignores_the_grant_and_names_bad_fields():

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import approx, hand_run, kind, lru_case, make_cluster, make_workload, simulate, topology_case
+from conftest import approx, hand_run, kind, make_cluster, make_workload, simulate, topology_case
 
 from tangram_dask import make_spec
 from tangram_dask.bench import simulate as bench_simulate
 from tangram_dask.cluster import load_cluster
 from tangram_dask.policy import TangramOptions, TangramPolicy
 from tangram_dask.policy.types import Start
-from tangram_dask.sim import AuditError
 from tangram_dask.workload import generate, load_workload
 
 BENCH = "resources/bench"
