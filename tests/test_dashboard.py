@@ -320,7 +320,12 @@ def test_decisions_are_events(env):
     assert "a failing action" in err["error"]
     on_page = {m["action"] for _, m in client.get_events("all")}  # the dashboard's events page reads "all"
     assert want - {"tangram-placement"} <= on_page and "tangram-placement" not in on_page
-    st = get_json(url + "/tangram/state.json")
+    deadline = time.monotonic() + 5
+    while True:  # state.json may be a build up to 0.9 s old
+        st = get_json(url + "/tangram/state.json")
+        if st["counters"]["errors"] >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert st["counters"]["loads"].get("rm-b", 0) >= 1 and sum(st["counters"]["evictions"].values()) >= 1
     assert st["counters"]["rejections"] >= 1 and st["counters"]["errors"] >= 1
     client.unsubscribe_topic(EVENT_TOPIC)
