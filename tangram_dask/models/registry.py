@@ -158,4 +158,5 @@ def reward_model(name: str, *, timeout: float | None = None) -> RewardModel:
     if residency is None:
         raise ModelError(f"reward_model({name!r}): this worker keeps no models (it declared no GPU, or the "
                          f"tangram worker plugin is not installed)")
+    plugin.residency.prepare_deferred(thread_state.key)
     return RewardModel(name, residency, thread_state.key, timeout)

@@ -66,6 +66,9 @@ class WorkerResidency:
         self.facts = facts
         self.registrations: dict[str, ModelRegistration] = {}
         self._loaders: dict[str, Any] = {}
+        # grants for models this worker has no registration for (e.g. models the scheduler only plans, as the
+        # live benchmark's): nothing is loaded unless the action asks for the model (reward_model)
+        self._deferred: dict[Any, tuple[int, str, tuple[int, ...], tuple[int, ...]]] = {}
         self.cuda = False
         self.cuda_why = "the GPUs are abstract (declared by config, not found through NVML)"
         cap = int(declaration.gpu_memory_gb * 1e9)
@@ -165,6 +168,7 @@ class WorkerResidency:
             ts = self.worker.state.tasks.get(key)
             if ts is None or ts.state not in _RUNNING:
                 self.residency.unpin(key)
+                self._deferred.pop(key, None)
             return
         if finish not in _ARRIVED or key in self.residency.pins:
             return
@@ -175,8 +179,17 @@ class WorkerResidency:
         grant = ann.get("grant")
         if not isinstance(grant, dict) or grant.get("replica") is None or not ann.get("model"):
             return
-        self.residency.prepare(key, int(grant["replica"]), str(ann["model"]), tuple(grant.get("gpus", ())),
-                               tuple(grant.get("evict", ())))
+        args = (int(grant["replica"]), str(ann["model"]), tuple(grant.get("gpus", ())), tuple(grant.get("evict", ())))
+        if args[1] not in self.registrations:
+            self._deferred[key] = args  # no scheduler round trip, no load, per action of an unregistered model
+            return
+        self.residency.prepare(key, *args)
+
+    def prepare_deferred(self, key: Any) -> None:
+        """The action asks for its model after all (its registration may have arrived late): load it now."""
+        args = self._deferred.pop(key, None)
+        if args is not None and key not in self.residency.pins:
+            self.residency.prepare(key, *args)
 
     def snapshot(self) -> dict[str, Any]:
         snap = self.residency.snapshot()
