@@ -617,10 +617,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         return self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
-        """The policy's frozen snapshot and the plugin's counters, as plain data."""
+        """The policy's frozen snapshot (``nodes``: the policy's view of each node) and the plugin's counters
+        and worker declarations (``workers``), as plain data."""
         snap = asdict(self.policy.snapshot()) if self.policy is not None else {}
         snap["plugin"] = asdict(self.stats)
-        snap["nodes"] = {addr: d.to_msg() for addr, d in self.nodes.items()}
+        snap["workers"] = {addr: d.to_msg() for addr, d in self.nodes.items()}  # what each worker declared
         snap["actions"] = len(self.actions)
         return snap
 

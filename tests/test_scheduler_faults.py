@@ -99,7 +99,7 @@ def test_install_with_dask_scheduler_preload(tmp_path):
         with Client(scheduler_file=str(sched_file), timeout=30) as client:
             client.wait_for_workers(2, timeout=30)
             deadline = time.monotonic() + 20
-            while len(snapshot(client)["nodes"]) < 2:
+            while len(snapshot(client)["workers"]) < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             client.register_plugin(TangramSchedulerPlugin())  # a third install: harmless
