@@ -156,6 +156,8 @@ class Simulator:
         factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
         self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
         self.home: dict[int, str] = {}
+        self._setup_of: dict[tuple, float] = {}
+        self._run_of: dict[tuple, float] = {}
         self.run_s = [0.0] * n
         self.busy = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
         self.loads = self.colds = self.restores = 0
@@ -223,8 +225,15 @@ class Simulator:
                 raise AuditError(f"action {a} moved trajectory {self.names[t]} from {prev} to {d.node} without "
                                  f"restore")
             self.home[t] = d.node
-        setup = self.costs.setup_s(spec, sandbox=d.sandbox, restore=restore, load=d.load)
-        r = self.costs.run_s(spec, d.units, self.dur[a], d.cross_group)
+        key = (k, d.sandbox, restore, d.load)
+        setup = self._setup_of.get(key)
+        if setup is None:  # the cost model, asked once per (kind, sandbox, restore, load)
+            setup = self._setup_of[key] = self.costs.setup_s(spec, sandbox=d.sandbox, restore=restore, load=d.load)
+        key = (k, d.units, d.cross_group)
+        f = self._run_of.get(key)
+        if f is None:  # run time is linear in the true duration: the model's factor, asked once per shape
+            f = self._run_of[key] = self.costs.run_s(spec, d.units, 1.0, d.cross_group)
+        r = self.dur[a] * f
         self.restores += restore
         self.colds += d.sandbox == "cold"
         self.loads += d.load

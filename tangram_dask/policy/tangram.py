@@ -86,7 +86,8 @@ class Pool:
     ``units.min`` of actions waiting, including CPU actions waiting at home),
     ``rmin`` (of actions holding units, including reservations) and
     ``qwork`` (their expected unit-seconds). Every counter changes here and
-    nowhere else. ``blocked`` is why the head waits (a Shortfall), or None.
+    nowhere else. ``blocked`` is why the head waits (``(reason, spec, free)``, made a Shortfall by
+    ``TangramPolicy._shortfall`` for snapshots), or None.
     """
 
     __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked", "demand")
@@ -99,7 +100,7 @@ class Pool:
         self.qmin = 0
         self.rmin = 0
         self.qwork = 0.0
-        self.blocked: Shortfall | None = None
+        self.blocked: tuple | None = None
         # expected work submitted per second (seconds of work on units.min): the pool's recent demand
         self.demand = Rate(horizon_s, settled=True)
 
@@ -509,7 +510,7 @@ class TangramPolicy(Policy):
                 return
             aid, p = head
             where = self._fit_cpu(p, now)
-            if where.__class__ is Shortfall:
+            if where.__class__ is tuple:
                 pool.blocked = where
                 return
             pool.pop(aid)
@@ -518,13 +519,13 @@ class TangramPolicy(Policy):
             else:
                 self._guarded(aid, p, self._place_cpu, where, now, out)
 
-    def _fit_cpu(self, p: Pending, now: float) -> "str | Shortfall | object":
-        """Phase 2-3, fit and place: the node for the head, ``_HOME`` (wait at home), or why it waits."""
+    def _fit_cpu(self, p: Pending, now: float) -> "str | tuple | object":
+        """Phase 2-3, fit and place: the node for the head, ``_HOME`` (wait at home), or why it waits
+        (a ``_why`` tuple: the Shortfall is built only when a snapshot asks, not on every blocked pass)."""
         spec, cpu = p.spec, self.cpu
         need = spec.units_min
         if cpu.max_free < need:
-            return Shortfall("cpu", need, cpu.max_free, f"no worker has {need} free slots", "cpu",
-                             self._capacity.cpu_largest, False, spec.kind)
+            return ("no worker has {need} free slots", spec, cpu.max_free)
         if spec.affinity == "trajectory":
             h = self.home.get(spec.trajectory)
             if h is not None and h in cpu.free and cpu.limit[h] >= need:
@@ -534,8 +535,7 @@ class TangramPolicy(Policy):
                     return _HOME
         node = cpu.fit_node(need, self.reserved or None)
         if node is None:
-            return Shortfall("cpu", need, cpu.max_free, f"no unreserved worker with {need} slots has them free",
-                             "cpu", self._capacity.cpu_largest, False, spec.kind)
+            return ("no unreserved worker with {need} slots has them free", spec, cpu.max_free)
         return node
 
     def _place_cpu(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
@@ -668,8 +668,7 @@ class TangramPolicy(Policy):
                 return
             aid, p = head
             if api.total_free < p.spec.units_min:
-                pool.blocked = Shortfall("api", p.spec.units_min, api.total_free, "API tokens in use", "api",
-                                         api.total, False, p.spec.kind)
+                pool.blocked = ("API tokens in use", p.spec, api.total_free)
                 return
             pool.pop(aid)
             self._guarded(aid, p, self._place_api, pool, now, out)
@@ -716,8 +715,7 @@ class TangramPolicy(Policy):
             aid, p = head
             spec = p.spec
             if not gp.idle:
-                pool.blocked = Shortfall("gpu", spec.units_min, 0, "every GPU is serving", model,
-                                         self._largest_gpus(), False, spec.kind)
+                pool.blocked = ("every GPU is serving", spec, 0)
                 return
             rid = self._ready_replica(model, spec)
             if rid is not None:
@@ -725,18 +723,26 @@ class TangramPolicy(Policy):
                 self._guarded(aid, p, self._start_replica, pool, rid, now, out)
                 continue
             if not self._should_load(pool, now):
-                pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"waiting for a replica of {model} "
-                                         "(a new one is not worth its load yet)", model, self._largest_gpus(),
-                                         False, spec.kind)
+                pool.blocked = ("waiting for a replica of {model} (a new one is not worth its load yet)", spec,
+                                gp.idle)
                 return
             self._now = now
             site = self._load_site(model, spec)
             if site is None:
-                pool.blocked = Shortfall("gpu", spec.units_min, gp.idle, f"no topology group can take a replica of "
-                                         f"{model} now", model, self._largest_gpus(), False, spec.kind)
+                pool.blocked = ("no topology group can take a replica of {model} now", spec, gp.idle)
                 return
             pool.pop(aid)
             self._guarded(aid, p, self._load_and_start, pool, site, now, out)
+
+    def _shortfall(self, pool: Pool) -> Shortfall | None:
+        """Why the head of ``pool`` waits, as a Shortfall (from what the last drain pass noted)."""
+        if pool.blocked is None or pool.head() is None:
+            return None
+        why, spec, free = pool.blocked
+        largest = self._capacity.cpu_largest if pool.resource == "cpu" else (
+            self.api.total if pool.resource == "api" else self._largest_gpus())
+        return Shortfall(pool.resource, spec.units_min, free, why.format(need=spec.units_min, model=pool.name),
+                         pool.name, largest, False, spec.kind)
 
     def _largest_gpus(self) -> int:
         return max((s.gpus for s in self._capacity.gpu_shapes), default=0)
@@ -937,7 +943,7 @@ class TangramPolicy(Policy):
         for ps in base:
             if ps.resource in ("cpu", "api"):
                 pool = self.pools[ps.resource]
-                out.append(replace(ps, head=pool.blocked if pool.head() is not None else None,
+                out.append(replace(ps, head=self._shortfall(pool),
                                    queued_units=pool.qmin, queued_work_s=round(pool.qwork, 6)))
             else:
                 gpu_pools = [p for p in self.pools.values() if p.resource == "gpu"]
@@ -954,7 +960,7 @@ class TangramPolicy(Policy):
             reps = gp.by_model.get(name, {})
             out.append(PoolStats("gpu", sum(len(gp.replicas[r].gpus) for r in reps), len(gp.ready.get(name, ())),
                                  len(pool.waiting), running.get(name, 0),
-                                 pool.blocked if pool.head() is not None else None, name, pool.qmin,
+                                 self._shortfall(pool), name, pool.qmin,
                                  round(pool.qwork, 6)))
         return out
 
