@@ -2,7 +2,7 @@
 
 - ``std``: variants of the standard files (seed, load, hint quality, tool mix,
   several steps, an odd cluster shape);
-- ``gpu``: GPU-bound steps (``resources/bench/variants/gpu-bound.yaml`` on
+- ``gpu``: GPU-bound steps (``resources/variants/gpu-bound.yaml`` on
   ``cluster-gpu-mixed.yaml``): four reward models whose replicas together
   exceed GPU memory, a 140 GB judge on 2-GPU replicas, a process reward model
   called as a tool on most turns, a vision judge on 2..4 GPUs, few CPU
@@ -81,8 +81,8 @@ def std_family(quick: bool) -> list[tuple[dict, dict]]:
 
 
 def gpu_family(quick: bool) -> list[tuple[dict, dict]]:
-    w0 = _yaml(BENCH / "variants" / "gpu-bound.yaml")
-    c0 = _yaml(BENCH / "variants" / "cluster-gpu-mixed.yaml")
+    w0 = _yaml(ROOT / "resources" / "variants" / "gpu-bound.yaml")
+    c0 = _yaml(ROOT / "resources" / "variants" / "cluster-gpu-mixed.yaml")
     c_h200 = copy.deepcopy(c0)  # more large-memory GPUs, fewer 80 GB ones
     c_h200["name"] = "gpu-h200"
     c_h200["gpu"]["nodes"] = [{"count": 1, "gpus": 4, "gpu_memory_gb": 80, "groups": [2, 2]},

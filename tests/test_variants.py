@@ -49,7 +49,7 @@ def _odd_cluster() -> dict:
 
 
 def _gpu_bound(seed: int, **changes) -> dict:
-    d = _load("variants/gpu-bound.yaml")
+    d = _load("../variants/gpu-bound.yaml")
     d["seed"] = seed
     d.update(changes)
     return d
@@ -96,9 +96,9 @@ def test_tangram_beats_baselines_on_untuned_variants(name):
 # reward model called as a tool, 80 GB and 141 GB GPUs) and heavy tails with poor hints, several steps:
 # members of benchmarks/variants.py's "gpu" and "tail" families.
 WINS = {
-    "gpu-seed31": (_gpu_bound(31), _load("variants/cluster-gpu-mixed.yaml")),
+    "gpu-seed31": (_gpu_bound(31), _load("../variants/cluster-gpu-mixed.yaml")),
     "gpu-steps-2": (_gpu_bound(38, steps=2, train_time_s=20, trajectories=96, hint_sigma=1.5),
-                    _load("variants/cluster-gpu-mixed.yaml")),
+                    _load("../variants/cluster-gpu-mixed.yaml")),
     "tail-judge": (_heavy_tail(44, 1.5, steps=3, train_time_s=30, trajectories=96), _load("cluster-standard.yaml")),
     "tail-h2.0": (_heavy_tail(42, 2.0, steps=2, train_time_s=20, trajectories=128), _load("cluster-standard.yaml")),
 }
