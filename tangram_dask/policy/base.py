@@ -135,9 +135,14 @@ class Policy:
                         key=lambda s: (s.gpus, s.gpu_memory_gb))
         return Capacity(max(cpu.limit.values(), default=0), len(cpu.limit), self.api.total, tuple(shapes))
 
-    def _nodes_changed(self) -> None:
-        """Capacity changed: actions that now fit leave the unplaceable set; queued ones that never can go there."""
-        self._capacity = cap = self._measure_capacity()
+    def _nodes_changed(self, models_changed: bool = False) -> None:
+        """Capacity changed: actions that now fit leave the unplaceable set; queued ones that never can go there.
+
+        The queued actions are looked at only when capacity may have shrunk (a node left, the quota fell,
+        a model grew): a node joining, the common case under adaptive scaling, costs O(unplaceable).
+        """
+        old, self._capacity = self._capacity, self._measure_capacity()
+        cap = self._capacity
         if self.unplaceable:
             for aid, (spec, _, t) in list(self.unplaceable.items()):
                 sf = never_fits(spec, cap, self.models)
@@ -146,7 +151,9 @@ class Policy:
                     self._submit(aid, spec, t)
                 else:
                     self.unplaceable[aid] = (spec, sf, t)
-        for aid, spec in self._queued_specs():
+        shrunk = (models_changed or cap.cpu_largest < old.cpu_largest or cap.api_tokens < old.api_tokens
+                   or not set(old.gpu_shapes) <= set(cap.gpu_shapes))
+        for aid, spec in (self._queued_specs() if shrunk else ()):
             sf = never_fits(spec, cap, self.models)
             if sf is not None and self._drop_pending(aid):
                 if self._may_wait(spec):
@@ -199,7 +206,7 @@ class Policy:
     def set_model(self, model: ModelSpec) -> None:
         """A model was registered, or its memory or load time measured: later decisions use it."""
         self.models[model.name] = model
-        self._nodes_changed()
+        self._nodes_changed(models_changed=True)
 
     def rehome(self, trajectory: str, node: str) -> None:
         """A trajectory's state was moved to ``node`` (e.g. off a worker being retired)."""
