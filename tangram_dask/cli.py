@@ -1,6 +1,6 @@
 """The command line: one click group, ``tangram-dask ...`` and ``dask tangram ...`` alike.
 
-    tangram-dask bench WORKLOAD CLUSTER [--policy tangram,fifo,static] [--parity] [--json] [--audit]
+    tangram-dask bench WORKLOAD CLUSTER [--policy tangram,fifo,static] [--parity] [--json] [--audit] [--plot DIR]
     tangram-dask bench --live WORKLOAD CLUSTER [--time-scale S]
     dask tangram bench ...              # the same group, through dask's ``dask_cli`` entry point
 
@@ -188,8 +188,12 @@ def format_table(results: list[dict[str, Any]]) -> str:
               help="Live: wall seconds per workload second.")
 @click.option("-o", "--option", "options", multiple=True, callback=_options, metavar="KEY=VALUE",
               help="A tangram policy option (repeatable), e.g. -o admission=0.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Also write PNG figures of the run into DIR (ACT CDF, utilization over time, step); "
+                   "needs matplotlib: pip install 'tangram-dask[plots]'.")
 def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, as_json: bool, audit: bool,
-          time_policy: bool, no_progress: bool, live: bool, time_scale: float, options: Any) -> int:
+          time_policy: bool, no_progress: bool, live: bool, time_scale: float, options: Any,
+          plot_dir: str | None) -> int:
     """Simulate (or run --live) one RL step of WORKLOAD on CLUSTER under each policy.
 
     WORKLOAD and CLUSTER are files in the format of resources/bench/WORKLOAD.md.
@@ -197,8 +201,18 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, 
     from .cluster import load_cluster
     from .workload import load_workload
 
+    if plot_dir is not None:
+        if live:
+            raise click.UsageError("--plot draws simulated runs; it cannot be combined with --live")
+        from .plots import missing
+
+        why = missing()
+        if why:
+            raise InputError(why)
+
     wl = load_workload(workload)
     cl = load_cluster(cluster)
+    traces: list | None = [] if plot_dir is not None else None  # filled by the simulated run
     if live:
         from .live import run_live
 
@@ -208,11 +222,16 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, 
 
         progress = None if no_progress else Progress()
         results = run(wl, cl, policies, with_parity=parity, audit=audit, progress=progress,
-                      time_policy=time_policy, options=options)
+                      time_policy=time_policy, options=options, traces=traces)
     if as_json:
         click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2))
     else:
         click.echo(format_table(results))
+    if traces:
+        from .plots import write
+
+        for path in write(traces, plot_dir):
+            click.echo(f"wrote {path}", err=True)
     return 0
 
 

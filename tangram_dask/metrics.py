@@ -46,3 +46,32 @@ def summarize(gen: Generated, *, policy: str, issue: np.ndarray, end: np.ndarray
     out["utilization"] = {r: (float(busy.get(r, 0.0) / (capacity[r] * span)) if capacity.get(r) and span > 0 else 0.0)
                           for r in ("cpu", "gpu", "api")}
     return out
+
+
+def utilization_series(spans: list[tuple[float, float, str, int]], capacity: dict[str, int], start: float,
+                       end: float, bins: int = 120) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Busy units over capacity per resource, averaged over ``bins`` equal slices of ``[start, end]``.
+
+    ``spans`` are what a traced run held: ``(t0, t1, resource, units)``. Each slice's figure is exact
+    (the integral of busy units over the slice), so the slices' mean is the run's ``utilization``.
+    Returns the slices' midpoints and, per resource with capacity, one fraction per slice.
+    """
+    edges = np.linspace(start, end, bins + 1)
+    out: dict[str, np.ndarray] = {}
+    for r in ("cpu", "gpu", "api"):
+        if not capacity.get(r):
+            continue
+        sel = [(t0, t1, u) for t0, t1, res, u in spans if res == r]
+        if not sel or end <= start:
+            out[r] = np.zeros(bins)
+            continue
+        a = np.array(sel, dtype=float)
+        t = np.concatenate([a[:, 0], a[:, 1]])
+        du = np.concatenate([a[:, 2], -a[:, 2]])
+        order = np.argsort(t, kind="stable")
+        t, du = t[order], du[order]
+        level = np.cumsum(du)  # busy units from t[i] to t[i + 1]
+        area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(t))])  # busy unit-seconds up to t[i]
+        at = np.interp(edges, t, area)  # exact: the area is linear between events
+        out[r] = np.diff(at) / (np.diff(edges) * capacity[r])
+    return (edges[:-1] + edges[1:]) / 2, out

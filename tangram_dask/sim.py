@@ -55,6 +55,7 @@ class SimResult:
     policy_s: float = 0.0
     wall_s: float = 0.0
     events: int = 0
+    spans: list[tuple[float, float, str, int]] | None = None  # with trace=True: (start, end, resource, units)
 
 
 class _Timed:
@@ -87,8 +88,9 @@ class Simulator:
 
     def __init__(self, gen: Generated, cluster: ClusterSpec, policy: Policy, *, audit: bool = False,
                  progress: Callable[[int, int], None] | None = None, time_policy: bool = False,
-                 timer: Callable[[], float] | None = None):
+                 timer: Callable[[], float] | None = None, trace: bool = False):
         self.gen = gen
+        self.trace = trace
         self.cluster = cluster
         self.policy = policy
         self.audit = _Audit(cluster, gen.spec.models, policy) if audit else None
@@ -129,7 +131,7 @@ class Simulator:
         return SimResult(self.policy.name, self.issue, self.end, self.ideal, self.step_start, self.step_end,
                          self.ideal_step, self.loads, self.colds, self.restores, self.busy, self.cluster.capacity(),
                          self.policy.decisions, pol.s if self.time_policy else 0.0, self.timer() - t_wall,
-                         self.events)
+                         self.events, self.spans)
 
     def _push(self, t: float, order: int, x: int) -> None:
         heapq.heappush(self.heap, (t, order, self.seq, x))
@@ -167,6 +169,7 @@ class Simulator:
         self.step_end: list[float] = []
         self.ideal_step: list[float] = []
         self.waiting: dict[int, None] = {}  # issued, not started: named if the run gets stuck
+        self.spans = [] if self.trace else None  # what each start holds, when: opt-in (plots)
         self.begun = self.admitted = 0
 
     # -- handlers -------------------------------------------------------------------
@@ -241,6 +244,8 @@ class Simulator:
             self.audit.start(a, d, self.gen.spec.kinds[k], now)
         self.run_s[a] = r
         self.busy[spec.resource] += d.units * (setup + r)
+        if self.spans is not None:
+            self.spans.append((now, now + setup + r, spec.resource, d.units))
         self._push(now + setup + r, COMPLETE, a)
 
     def _admit(self, d: Admit, now: float) -> None:
@@ -251,6 +256,8 @@ class Simulator:
         if d.units:  # a sandbox bound for the trajectory's life: started cold, even if that is free
             self.colds += 1
             self.busy["cpu"] += d.units * d.setup_s
+            if self.spans is not None:
+                self.spans.append((now, now + d.setup_s, "cpu", d.units))
         a0 = self.first[t]
         self._push(now + d.setup_s + self.llm[a0], ISSUE, a0)
 
