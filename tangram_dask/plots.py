@@ -98,7 +98,7 @@ def plot_utilization(traces: Sequence[Trace], path: Path) -> Path:
     plt = _pyplot()
     capacity = traces[0].capacity
     rows = [(r, label) for r, label in RESOURCES if capacity.get(r)]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 * len(rows) + 0.8), sharex=True, squeeze=False,
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9.5, 2.2 * len(rows) + 0.8), sharex=True, squeeze=False,
                              layout="constrained")
     for ax, (r, label) in zip(axes[:, 0], rows):
         for t in traces:
@@ -108,7 +108,7 @@ def plot_utilization(traces: Sequence[Trace], path: Path) -> Path:
         ax.set_ylabel(f"{label}\nbusy of {capacity[r]:,} (%)", fontsize=9)
         ax.set_ylim(0, 102)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the panel, over no line
     axes[-1, 0].set_xlabel(f"time (s); each point the mean over 1/{len(traces[0].times)} of that policy's run")
     axes[0, 0].set_title(_title(traces, "Utilization"), fontsize=10)
     return _save(fig, path)
