@@ -9,11 +9,15 @@
   actions, 80 GB and 141 GB GPUs; seeds, load, node shapes and the mix vary;
 - ``tail``: heavy tails with poor hints (hint sigma 1.5-2.0, kinds with
   duration sigma 1.5, several steps).
+- ``gpux``: 12 more GPU-bound seeds over the four GPU cluster shapes;
+- ``small``: small steps (48-64 trajectories) on the GPU-bound, heavy-tail
+  and standard workloads, where most of the step passes before the
+  admission gate has learned anything.
 
 Prints one line per variant with the ratios the targets are stated in, then
 min/mean/max of each ratio per family. Not a test: figures to read.
 
-    python benchmarks/variants.py [--family std,gpu,tail] [--quick] [-j 2] [-o key=value ...]
+    python benchmarks/variants.py [--family std,gpu,tail,small,gpux] [--quick] [-j 2] [-o key=value ...]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 BENCH = ROOT / "resources" / "bench"
-FAMILIES = ("std", "gpu", "tail")
+FAMILIES = ("std", "gpu", "tail", "small", "gpux")
 
 
 def _yaml(path: Path) -> dict:
@@ -111,6 +115,19 @@ def gpu_family(quick: bool) -> list[tuple[dict, dict]]:
     if not quick:
         out += [(_with(w0, "gpu-load-x2", seed=37, trajectories=256), c0),
                 (_with(w0, "gpu-steps-2", seed=38, steps=2, train_time_s=20, trajectories=96, hint_sigma=1.5), c0)]
+        # more seeds and shapes, so that a family mean is not one variant's luck
+        c_wide = copy.deepcopy(c0)  # 4-GPU groups: the 2..4-GPU judges fit a group on units.max
+        c_wide["name"] = "gpu-wide"
+        c_wide["gpu"]["nodes"] = [{"count": 1, "gpus": 8, "gpu_memory_gb": 80, "groups": [4, 4]},
+                                  {"count": 1, "gpus": 4, "gpu_memory_gb": 141, "groups": [4]}]
+
+        def turns_long(d):  # longer trajectories: more tool calls per reward
+            d["turns"] = {"dist": "geometric", "mean": 10, "max": 40}
+        out += [(_with(w0, "gpu-seed39", seed=39), c0),
+                (_with(w0, "gpu-wide", seed=40), c_wide),
+                (_with(w0, "gpu-turns-10", seed=41, _=turns_long), c0),
+                (_with(w0, "gpu-h200-b", seed=42, trajectories=160), c_h200),
+                (_with(w0, "gpu-small-b", seed=43, trajectories=128, hint_sigma=1.5), c_small)]
     return out
 
 
@@ -140,11 +157,55 @@ def tail_family(quick: bool) -> list[tuple[dict, dict]]:
     if not quick:
         out.append((_with(w0, "tail-load", seed=46, hint_sigma=1.5, steps=2, train_time_s=20, trajectories=256,
                           _=tails()), c_std))
+        out += [(_with(w0, "tail-seed47", seed=47, hint_sigma=1.5, steps=2, train_time_s=20, trajectories=160,
+                       _=tails()), c_std),
+                (_with(w0, "tail-tight-b", seed=48, hint_sigma=2.0, steps=2, train_time_s=20, trajectories=160,
+                       _=tails(1.6, 1.6)), c_tight),
+                (_with(w0, "tail-1step", seed=49, hint_sigma=1.5, trajectories=256, _=tails()), c_std),
+                (_with(w0, "tail-judge-b", seed=50, hint_sigma=1.8, steps=2, train_time_s=20, trajectories=128,
+                       _=tails(1.5, 1.5, 1.5)), c_tight)]
     return out
 
 
+def gpux_family(quick: bool) -> list[tuple[dict, dict]]:
+    """More GPU-bound seeds (12) over the four GPU cluster shapes: residency decisions cascade (one
+    load evicts a replica that is loaded back 100 s later), so one variant moves a lot with any change;
+    a rule is judged on the mean over many."""
+    w0 = _yaml(ROOT / "resources" / "variants" / "gpu-bound.yaml")
+    shapes = {c[1]["name"]: c[1] for c in gpu_family(False)}
+    names = ["gpu-mixed", "gpu-h200", "gpu-small", "gpu-wide"]
+    out = []
+    for i, seed in enumerate(range(101, 113)):
+        c = shapes[names[i % 4]]
+        n = 96 if c["name"] == "gpu-small" else 128
+        out.append((_with(w0, f"gpux-{seed}", seed=seed, trajectories=n, hint_sigma=(1.0, 1.5)[i % 2]), c))
+    return out[:4] if quick else out
+
+
+def small_family(quick: bool) -> list[tuple[dict, dict]]:
+    """Small steps (48-64 trajectories): most of the step passes before the gate has learned."""
+    g0 = _yaml(ROOT / "resources" / "variants" / "gpu-bound.yaml")
+    c_gpu = _yaml(ROOT / "resources" / "variants" / "cluster-gpu-mixed.yaml")
+    w0 = _yaml(BENCH / "standard.yaml")
+    c_std = _yaml(BENCH / "cluster-standard.yaml")
+    c_half = copy.deepcopy(_yaml(BENCH / "cluster-tight.yaml"))  # half of the tight cluster
+    c_half["name"] = "half-tight"
+    c_half["cpu"]["nodes"] = [{"count": 1, "slots": 32}]
+    c_half["api"]["tokens"] = 16
+
+    def tails(d):
+        d["tools"][0]["duration_s"]["sigma"] = 1.5
+        d["tools"][1]["duration_s"]["sigma"] = 1.5
+    out = [(_with(g0, f"small-gpu{s}", seed=s, trajectories=48 + 4 * (s - 51)), c_gpu) for s in (51, 52, 53, 54)]
+    out += [(_with(w0, f"small-tail{s}", seed=s, hint_sigma=1.5, trajectories=64, _=tails), c_half)
+            for s in (61, 62, 63)]
+    out += [(_with(w0, f"small-std{s}", seed=s, trajectories=64), c) for s, c in ((64, c_std), (65, c_half))]
+    return out[:4] if quick else out
+
+
 def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
-    return {"std": std_family, "gpu": gpu_family, "tail": tail_family}[name](quick)
+    return {"std": std_family, "gpu": gpu_family, "tail": tail_family, "small": small_family,
+            "gpux": gpux_family}[name](quick)
 
 
 COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
@@ -169,7 +230,7 @@ def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail (or all)")
+    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail, small, gpux (or all)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parity", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1)

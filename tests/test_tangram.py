@@ -331,3 +331,28 @@ def test_admission_counts_gpu_demand_when_gpus_saturate_first():
         return n + sum(isinstance(d, Admit) for d in pol.schedule(6.0))
     assert admitted_after_learning(0.0) == 184  # CPU-only gate: no CPU demand, everyone goes
     assert admitted_after_learning(0.6) == 4    # active 0, 1, 2, 3 < 3.6
+
+
+def test_a_long_hint_is_not_shrunk_to_the_short_actions_that_finished_first():
+    """The first actions of a kind to finish are its short ones (log work spread 0.3 here, the
+    kind's is 2): learned from them alone, a 1,000 s hint is shrunk to a few seconds. The hints of
+    every issued action show the spread (hints' variance less the error's), so it stays long."""
+    import math
+
+    from tangram_dask.policy.estimate import Estimator
+    from tangram_dask.spec import ActionSpec
+
+    def spec(hint):
+        return ActionSpec("tests", "cpu", 1, 8, 0.9, hint, "t", None)
+
+    ests = {}
+    for from_hints in (False, True):
+        est = Estimator(from_hints=from_hints)
+        for i in range(64):  # issued: log hints spread sd ~2.2 around log 12
+            est.issued(spec(12.0 * math.exp(2.2 * math.sin(1.7 * i))))
+        for i in range(12):  # finished so far: the short ones, hints within a factor e of the work
+            w = 3.0 * math.exp(0.3 * math.sin(2.3 * i))
+            est.observe(spec(w * math.exp(math.sin(1.1 * i))), w)
+        ests[from_hints] = est.expected(spec(1000.0))
+    assert ests[False] < 30.0
+    assert ests[True] > 3 * ests[False]

@@ -69,6 +69,9 @@ class TangramOptions:
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
+    keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
+    hint_spread: float = 1.0    # 1: a kind's work spread also from the hints of every issued action (not only finished)
+    elephant_move: float = 1.0  # 1: an elephant whose home has little room moves to the node with the most
 
 
 @dataclass(slots=True)
@@ -194,7 +197,7 @@ class TangramPolicy(Policy):
     def __init__(self, *a, options: TangramOptions | None = None, **kw):
         super().__init__(*a, **kw)
         self.opt = options or TangramOptions()
-        self.est = Estimator()
+        self.est = Estimator(from_hints=bool(self.opt.hint_spread))
         self.pools: dict[str, Pool] = {"cpu": Pool("cpu", "cpu"), "api": Pool("api", "api")}
         self.dirty: dict[str, None] = {}
         self._seq = 0
@@ -227,6 +230,7 @@ class TangramPolicy(Policy):
         self._limit_dirty = True
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
+        self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -275,6 +279,7 @@ class TangramPolicy(Policy):
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
             self.traj_start[spec.trajectory] = now
         self._touch(spec.trajectory, now)
+        self.est.issued(spec)
         est = self.est.expected(spec)
         if self.opt.admission and spec.trajectory is not None:
             self._limit_dirty = True
@@ -530,13 +535,32 @@ class TangramPolicy(Policy):
             h = self.home.get(spec.trajectory)
             if h is not None and h in cpu.free and cpu.limit[h] >= need:
                 if cpu.free[h] >= need and h not in self.reserved:
-                    return h
+                    return self._elephant_away(p, h)
                 if self._expected_wait(need, now) < spec.restore_s:
                     return _HOME
         node = cpu.fit_node(need, self.reserved or None)
         if node is None:
             return ("no unreserved worker with {need} slots has them free", spec, cpu.max_free)
         return node
+
+    def _elephant_away(self, p: Pending, home: str) -> str:
+        """An elephant leaves a home with little room for the node with the most, when the
+        seconds its extra units save exceed the restore it pays there (its state moves once)."""
+        spec, cpu = p.spec, self.cpu
+        if not self.opt.elephant_move or not self._elephant(spec, p.est):
+            return home
+        want = min(spec.units_max, cpu.limit[home])
+        r_home = max(cpu.room(home), 0)
+        if r_home >= want:
+            return home
+        other = cpu.fit_node(spec.units_min, self.reserved or None)
+        if other is None or other == home:
+            return home
+        r_other = min(max(cpu.room(other), 0), spec.units_max)
+        if r_other <= r_home:
+            return home
+        saved = p.est * (spec.scale(max(r_home, spec.units_min)) - spec.scale(r_other))
+        return other if saved > spec.restore_s else home
 
     def _place_cpu(self, aid: ActionId, p: Pending, node: str, now: float, out: list[Decision]) -> None:
         """Phases 4-5, size and reserve: an elephant may collect slots; others start sized."""
@@ -850,6 +874,11 @@ class TangramPolicy(Policy):
             best = self._spanning_site(model, spec, waiting)
         return None if best is None else best[1:]
 
+    def _unseen_deployed(self, model: str) -> bool:
+        """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come
+        last) cannot be measured yet (``keep_deployed``)."""
+        return bool(self.opt.keep_deployed) and self.traj_n < 8 and model in self._deployed
+
     def _contention(self, cands: set[ReplicaId], plan: list[ReplicaId]) -> float:
         """How busy the replicas that stay on the chosen GPUs are expected to be.
 
@@ -918,7 +947,8 @@ class TangramPolicy(Policy):
             return False
         if not self.opt.residency:
             return True
-        if r.model not in self.pools and self.traj_n < 8 and not self._loader_starved:
+        if ((r.model not in self.pools or self._unseen_deployed(r.model)) and self.traj_n < 8
+                and not self._loader_starved):
             return False  # deployed for demand not seen yet (rewards come last): keep it until trajectories end
         if reps > math.ceil(self._needed(r.model, self._now)):
             return True
