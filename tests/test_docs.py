@@ -2,6 +2,8 @@
 
 The info string says what a block is and how it is checked:
 
+Blocks run three at a time (each in its own session, on its own ports).
+
 - ``python``: the block is written to a file and run (``python FILE``, cwd the repo root, the
   venv's ``bin`` first on PATH); it must exit 0. A block that makes a LocalCluster must guard it
   with ``if __name__ == "__main__":``, as any file a user saves it to must.
@@ -27,11 +29,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +49,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGS = {"python", "bash", "sh", "console", "text", "yaml"}
 FLAGS = {"slow", "no-run"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+PARALLEL = 3  # blocks run at once
 COMMAND_LIKE = re.compile(r"^\s*(\$ |(\.venv/bin/)?(python|pytest|tangram-dask|dask|make|pip|kubectl|apt-get) )")
 
 
@@ -144,6 +150,8 @@ def check_command(cmd: str, where: str) -> list[str]:
         assert r.returncode == 0, f"{where}: python -m {argv[2]} --help exited {r.returncode}: {r.stderr[-2000:]}"
         return [f"python -m {argv[2]} --help"]
     if prog == "make":
+        if shutil.which("make") is None:
+            pytest.skip(f"{where}: make is not installed here, so {cmd!r} cannot be dry-run")
         r = run(["make", "-n", *argv[1:]])
         assert r.returncode == 0, f"{where}: make -n {' '.join(argv[1:])}: {r.stderr}"
         done = [f"make -n {' '.join(argv[1:])}"]
@@ -186,40 +194,68 @@ CHECK = [b for b in BLOCKS if b.lang in ("python", "bash", "sh", "console") and 
 YAML = [b for b in BLOCKS if b.lang == "yaml"]
 
 
+def execute(block: Block) -> tuple[int, str, str]:
+    """Run one block: (exit status, what ran, its output)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if block.lang == "python":
+            script = Path(tmp) / "block.py"
+            script.write_text(block.body)
+            argv, what = [sys.executable, str(script)], block.body
+        else:
+            port = str(free_port())
+            what = "set -e\n" + "\n".join(local(c).replace("8786", port) for c in commands(block)) + "\n"
+            argv = ["bash", "-c", what]
+        log = Path(tmp) / "output"
+        with log.open("w") as f:  # a file, not a pipe: what runs on in the background must not hold the test
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the block left running in the background
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out = log.read_text()
+    return proc.returncode, what, out
+
+
+@pytest.fixture(scope="module")
+def ran(request):
+    """The selected blocks run or checked, PARALLEL at a time (mostly they wait for processes)."""
+    tests = {"test_block_runs": execute, "test_slow_and_no_run_blocks_parse": check_block}
+    selected = [(tests[item.originalname], item.callspec.params["block"]) for item in request.session.items
+                if getattr(item, "originalname", "") in tests and item.module.__name__ == __name__]
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        futures = {b.id: pool.submit(fn, b) for fn, b in selected}
+        yield futures
+        for f in futures.values():
+            f.cancel()
+
+
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_block_runs(block: Block, tmp_path):
+def test_block_runs(block: Block, ran):
+    if block.lang != "python":
+        assert commands(block), f"{block.id}: no command in a {block.lang} block"
+    rc, what, out = ran[block.id].result()
+    assert rc == 0, f"{block.id} exited {rc}:\n{what}\n{out[-6000:]}"
+
+
+def check_block(block: Block) -> list[str]:
     if block.lang == "python":
-        script = tmp_path / "block.py"
-        script.write_text(block.body)
-        r = run([sys.executable, str(script)], timeout=240)
-        assert r.returncode == 0, f"{block.id} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-        return
+        compile(block.body, block.id, "exec")
+        return ["compiles"]
     cmds = commands(block)
     assert cmds, f"{block.id}: no command in a {block.lang} block"
-    port = str(free_port())
-    script = "set -e\n" + "\n".join(local(c).replace("8786", port) for c in cmds) + "\n"
-    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # what the block left running in the background
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{script}\n{out[-6000:]}"
+    return [done for c in cmds for done in check_command(c, block.id)]
 
 
 @pytest.mark.parametrize("block", CHECK, ids=[b.id for b in CHECK])
-def test_slow_and_no_run_blocks_parse(block: Block):
-    if block.lang == "python":
-        compile(block.body, block.id, "exec")
-        return
-    cmds = commands(block)
-    assert cmds, f"{block.id}: no command in a {block.lang} block"
-    for c in cmds:
-        check_command(c, block.id)
+def test_slow_and_no_run_blocks_parse(block: Block, ran):
+    assert ran[block.id].result()  # raises what the check raised
 
 
 @pytest.mark.parametrize("block", YAML, ids=[b.id for b in YAML])
@@ -241,3 +277,7 @@ def test_the_checker_is_not_vacuous():
         with pytest.raises(AssertionError):
             check_command(cmd, "test")
     assert commands(Block(ROOT, 1, "console", frozenset(), "$ a \\\n  b\noutput\n$ # note\n$ c\n", "")) == ["a b", "c"]
+    rc, _, _ = execute(Block(ROOT, 1, "bash", frozenset(), "sleep 600 &\ntrue\nfalse\necho never\n", ""))
+    assert rc == 1  # set -e: the failing line ends the block; the sleep in the background is killed
+    rc, _, out = execute(Block(ROOT, 1, "python", frozenset(), "raise SystemExit('no')\n", ""))
+    assert rc == 1 and "no" in out
