@@ -257,6 +257,7 @@ ABOUT = {
            "shapes): reward models whose replicas together exceed GPU memory, 80 and 141 GB GPUs.",
     "tail": "Heavy-tailed durations with poor hints (hint sigma 1.5-2.0), several steps.",
     "small": "Small steps (48-64 trajectories) on the GPU-bound, heavy-tail and standard workloads.",
+    "gpux": "More GPU-bound seeds over the four GPU cluster shapes of `gpu`.",
 }
 
 
