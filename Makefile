@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tangram-dask bench resources/bench/standard.yaml resources/bench/cluster-standard.yaml
+	$(BIN)/tangram-dask demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

