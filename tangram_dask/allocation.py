@@ -1,7 +1,8 @@
 """What the scheduler granted to the action that is running now.
 
-The scheduler plugin writes the grant into the task's ``tangram`` annotation
-(key ``"grant"``, a :class:`tangram_dask.messages.Grant`) before the task
+The scheduler plugin writes the grant into the task's annotations (key
+``"tangram-grant"``, beside the user's ``tangram`` spec; a
+:class:`tangram_dask.messages.Grant`) before the task
 reaches its worker; inside the running task :func:`current_allocation` reads
 it back: units, GPU ids (and ``CUDA_VISIBLE_DEVICES``), the replica, whether
 the model was loaded or the trajectory restored for it. Outside an action it
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .messages import Grant
+from .messages import GRANT_KEY, Grant
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,11 @@ class Allocation:
         return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     @classmethod
-    def from_annotation(cls, ann: Mapping[str, Any]) -> "Allocation":
-        """From a task's ``tangram`` annotation: the user's spec fields and the scheduler's grant, parsed
+    def from_annotation(cls, ann: Mapping[str, Any], grant_msg: Any = None) -> "Allocation":
+        """From a task's ``tangram`` annotation (the user's spec fields) and the scheduler's grant
+        (``grant_msg``, the task's ``"tangram-grant"`` annotation; else a ``grant`` key in ``ann``), parsed
         by :meth:`tangram_dask.messages.Grant.from_msg` (the one parser of the grant's wire form)."""
-        g = ann.get("grant")
+        g = grant_msg if grant_msg is not None else ann.get("grant")
         grant = Grant.from_msg(g) if g else Grant(int(ann.get("units_min", 1)), "")
         return cls(
             kind=ann.get("kind", ""),
@@ -98,7 +100,8 @@ def current_allocation() -> Allocation | None:
     except ValueError:
         return None
     ts = worker.state.tasks.get(key)
-    ann = (ts.annotations or {}).get("tangram") if ts is not None else None
+    anns = (ts.annotations or {}) if ts is not None else {}
+    ann = anns.get("tangram")
     if not ann:
         return None
-    return Allocation.from_annotation(ann)
+    return Allocation.from_annotation(ann, anns.get(GRANT_KEY))

@@ -29,6 +29,7 @@ from distributed import Client, LocalCluster, Nanny, wait
 from .annotate import ANNOTATION
 from .cluster import ClusterSpec
 from .costs import CostModel
+from .messages import Grant, granted
 from .metrics import summarize
 from .policy import TangramOptions, initial_replicas
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
@@ -38,14 +39,14 @@ from .workload import Generated, WorkloadSpec, generate
 API_WORKER = "api"
 
 
-def charge(spec: ActionSpec, grant: dict[str, Any], duration_s: float,
+def charge(spec: ActionSpec, grant: Grant, duration_s: float,
            cross_group_slowdown: float) -> tuple[float, float]:
     """``(setup, run)`` in workload seconds for an action of true ``duration_s`` on ``grant``: the
     simulator's cost model (the plugin already put the setup it predicts, by that model, in
-    ``grant["setup_s"]``)."""
-    run = CostModel(cross_group_slowdown=cross_group_slowdown).run_s(spec, int(grant["units"]), duration_s,
-                                                                      bool(grant.get("cross_group")))
-    return float(grant.get("setup_s", 0.0)), run
+    ``grant.setup_s``)."""
+    run = CostModel(cross_group_slowdown=cross_group_slowdown).run_s(spec, grant.units, duration_s,
+                                                                      grant.cross_group)
+    return grant.setup_s, run
 
 
 def play_action(duration_s: float, time_scale: float, slowdown: float) -> None:
@@ -54,9 +55,8 @@ def play_action(duration_s: float, time_scale: float, slowdown: float) -> None:
     from distributed.worker import thread_state
 
     ts = get_worker().state.tasks[thread_state.key]
-    ann = ts.annotations[ANNOTATION]
-    grant = ann["grant"]
-    spec = parse_annotation(ann)
+    grant = granted(ts.annotations)
+    spec = parse_annotation(ts.annotations[ANNOTATION])
     setup, run = charge(spec, grant, duration_s, slowdown)
     time.sleep((setup + run) * time_scale)
 
@@ -145,7 +145,7 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
                     if fut.status != "finished":
                         await fut  # raises the action's error
                     g = grants.pop(key)
-                    setup, run = charge(aspec, g.to_msg(), dur[a], slowdown)
+                    setup, run = charge(aspec, g, dur[a], slowdown)
                     busy[k.resource] += g.units * (setup + run)
                     counts["loads"] += g.load
                     counts["colds"] += g.sandbox == "cold"

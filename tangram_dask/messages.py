@@ -1,12 +1,13 @@
 """The small messages between the tangram scheduler plugin, its workers and clients.
 
-Pure: no Dask import. Each message is a frozen dataclass with a plain-dict
+Pure: no Dask import. Each message is a frozen dataclass with a msgpack-able
 wire form (``to_msg`` / ``from_msg``) because Dask's comms carry msgpack.
 
 - :class:`WorkerDeclaration`: worker -> scheduler, what a worker has
   (sandbox slots, GPUs with their topology groups and memory, API calls).
-- :class:`Grant`: scheduler -> worker, inside the task's ``tangram``
-  annotation (key ``"grant"``): what the policy granted to one action.
+- :class:`Grant`: scheduler -> worker, in the task's annotation
+  ``"tangram-grant"`` (:data:`GRANT_KEY`, beside the user's ``tangram``
+  spec; :func:`granted` reads it): what the policy granted to one action.
 - :class:`EndTrajectory`: client -> scheduler, a trajectory is over (its
   stateful actions have no home to return to any more).
 """
@@ -14,7 +15,7 @@ wire form (``to_msg`` / ``from_msg``) because Dask's comms carry msgpack.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: Scheduler RPC handlers the plugin installs (one spelling: snake_case).
 DECLARE_HANDLER = "tangram_declare"
@@ -96,20 +97,44 @@ class Grant:
         return cls(start.units, start.node, worker, tuple(start.gpus), start.replica, start.load, tuple(start.evict),
                    start.restore, start.cross_group, start.sandbox, setup_s, tuple(device_ids), start.restore_from)
 
-    def to_msg(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["gpus"] = list(self.gpus)
-        d["evict"] = list(self.evict)
-        d["device_ids"] = list(self.device_ids)
-        return d
+    def to_msg(self) -> tuple:
+        """The wire form: the fields in order, a tuple (msgpack sends it as a list). Compact on
+        purpose: Dask keeps recent compute-task messages (each batch of them, up to
+        ``distributed.admin.low-level-log-length`` batches per worker), and a dict here cost
+        about 700 bytes per action in that log."""
+        return (self.units, self.node, self.worker, self.gpus, self.replica, self.load, self.evict, self.restore,
+                self.cross_group, self.sandbox, self.setup_s, self.device_ids, self.restore_from)
 
     @classmethod
-    def from_msg(cls, d: Mapping[str, Any]) -> "Grant":
-        return cls(int(d["units"]), str(d.get("node", "")), str(d.get("worker", "")),
-                   tuple(int(g) for g in d.get("gpus", ())), d.get("replica"), bool(d.get("load", False)),
-                   tuple(int(r) for r in d.get("evict", ())), bool(d.get("restore", False)),
-                   bool(d.get("cross_group", False)), str(d.get("sandbox", "warm")), float(d.get("setup_s", 0.0)),
-                   tuple(int(i) for i in d.get("device_ids", ())), str(d.get("restore_from", "")))
+    def from_msg(cls, m: "Sequence[Any] | Mapping[str, Any]") -> "Grant":
+        """The one parser of a grant's wire form (a sequence of the fields in order; a mapping of
+        them by name is read too)."""
+        if isinstance(m, Mapping):
+            m = tuple(m.get(f, d) for f, d in _GRANT_FIELDS)
+            if m[0] is None:
+                raise ValueError("a grant needs 'units'")
+        (units, node, worker, gpus, replica, load, evict, restore, cross_group, sandbox, setup_s, device_ids,
+         restore_from) = tuple(m) + tuple(d for _, d in _GRANT_FIELDS[len(m):])
+        return cls(int(units), str(node), str(worker), tuple(int(g) for g in gpus),
+                   None if replica is None else int(replica), bool(load), tuple(int(r) for r in evict),
+                   bool(restore), bool(cross_group), str(sandbox), float(setup_s),
+                   tuple(int(i) for i in device_ids), str(restore_from))
+
+
+#: Grant's fields in wire order, with the default a missing one takes (units has none).
+_GRANT_FIELDS = (("units", None), ("node", ""), ("worker", ""), ("gpus", ()), ("replica", None), ("load", False),
+                 ("evict", ()), ("restore", False), ("cross_group", False), ("sandbox", "warm"), ("setup_s", 0.0),
+                 ("device_ids", ()), ("restore_from", ""))
+
+#: The task annotation the scheduler plugin writes a grant under, beside the user's ``tangram`` spec (so the
+#: spec dict, often one object shared by every task of a ``dask.annotate`` block, is never copied).
+GRANT_KEY = "tangram-grant"
+
+
+def granted(annotations: "Mapping[str, Any] | None") -> "Grant | None":
+    """The grant in a task's annotations (None if the scheduler wrote none)."""
+    m = annotations.get(GRANT_KEY) if annotations else None
+    return Grant.from_msg(m) if m else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,8 +52,8 @@ from .annotate import ANNOTATION
 from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .errors import PlacementError, SpecError
-from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, Grant,
-                       WorkerDeclaration)
+from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, GRANT_KEY,
+                       Grant, WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import Reject, ReplicaSpec, Start
@@ -344,9 +344,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             ts.annotations = a.annotations  # the user's own dict back: no copy per finished task
             return
         ann = ts.annotations if ts is not None else None
-        tg = ann.get(ANNOTATION) if ann else None
-        if isinstance(tg, dict) and "grant" in tg:  # what Dask keeps per task: the user's annotation only
-            ts.annotations = {**ann, ANNOTATION: {k: v for k, v in tg.items() if k != "grant"}}
+        if ann and GRANT_KEY in ann:  # what Dask keeps per task: the user's annotations only
+            ts.annotations = {k: v for k, v in ann.items() if k != GRANT_KEY}
 
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
                    **kwargs: Any) -> None:
@@ -501,10 +500,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
         grant = Grant.of_start(d, worker, device_ids, self._setup_s(d, spec))
         a.annotations = ts.annotations
-        ann = dict(ts.annotations or {})
-        tg = dict(ann.get(ANNOTATION) or {})
-        tg["grant"] = grant.to_msg()
-        ann[ANNOTATION] = tg
+        ann = dict(ts.annotations or {})  # the user's spec dict is shared, not copied: the grant goes beside it
+        ann[GRANT_KEY] = grant.to_msg()
         ts.annotations = ann
         ts.resource_restrictions = resources
         a.state, a.grant = GRANTED, grant

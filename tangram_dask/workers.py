@@ -42,7 +42,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import config as _config
 from .errors import ConfigError
-from .messages import DECLARE_HANDLER, WorkerDeclaration
+from .messages import DECLARE_HANDLER, WorkerDeclaration, granted
 
 logger = logging.getLogger("tangram_dask.workers")
 
@@ -364,12 +364,11 @@ class TangramWorkerPlugin(WorkerPlugin):
         if finish != "executing":
             return
         ts = self.worker.state.tasks.get(key)
-        ann = (ts.annotations or {}).get("tangram") if ts is not None else None
-        grant = ann.get("grant") if isinstance(ann, dict) else None
-        if grant and grant.get("gpus"):
+        grant = granted(ts.annotations) if ts is not None else None
+        if grant is not None and grant.gpus:
             uuids = self.declaration.device_uuids
-            if uuids and all(0 <= g < len(uuids) for g in grant["gpus"]):
-                ids: Any = [uuids[g] for g in grant["gpus"]]
+            if uuids and all(0 <= g < len(uuids) for g in grant.gpus):
+                ids: Any = [uuids[g] for g in grant.gpus]
             else:
-                ids = grant.get("device_ids") or grant["gpus"]
+                ids = grant.device_ids or grant.gpus
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)

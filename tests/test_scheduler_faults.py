@@ -194,7 +194,7 @@ def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
 
     def leftovers(dask_scheduler, keys):
         p = dask_scheduler.plugins["tangram"]
-        return ([k for k in keys if "grant" in dask_scheduler.tasks[k].annotations["tangram"]],
+        return ([k for k in keys if "tangram-grant" in dask_scheduler.tasks[k].annotations],
                 [k for k in keys if k in p.actions])
 
     grants, records = client.run_on_scheduler(leftovers, keys=[f.key for f in futs])

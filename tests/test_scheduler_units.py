@@ -98,3 +98,27 @@ def test_the_plugin_pickles_as_its_options():
     p = TangramSchedulerPlugin("fifo", api_tokens=2)
     q = pickle.loads(pickle.dumps(p))
     assert q.options == p.options and q.scheduler is None and q.actions == {}
+
+
+def test_grant_wire_form_is_a_compact_tuple_and_round_trips():
+    """The grant travels as a tuple of its fields (Dask logs recent compute-task messages; a dict cost
+    ~700 B per action there); the parser also reads the fields by name, and a short tuple takes defaults."""
+    g = Grant(2, "n", "tcp://w:1", (0, 1), 3, True, (4,), True, True, "cold", 1.5, (1, 0), "tcp://v:2")
+    msg = g.to_msg()
+    assert isinstance(msg, tuple) and len(msg) == 13
+    assert Grant.from_msg(msg) == g
+    assert Grant.from_msg(list(msg)) == g  # what msgpack delivers
+    assert Grant.from_msg({"units": 2, "node": "n", "gpus": [0, 1], "replica": 3}) == Grant(2, "n", gpus=(0, 1),
+                                                                                              replica=3)
+    assert Grant.from_msg((1, "n")) == Grant(1, "n")
+    with pytest.raises(ValueError, match="units"):
+        Grant.from_msg({"node": "n"})
+
+
+def test_granted_reads_the_grant_beside_the_spec():
+    from tangram_dask.messages import GRANT_KEY, granted
+    g = Grant(1, "n", "tcp://w:1")
+    assert granted({"tangram": {"kind": "k"}, GRANT_KEY: g.to_msg()}) == g
+    assert granted({"tangram": {"kind": "k"}}) is None and granted(None) is None
+    a = Allocation.from_annotation({"kind": "k", "resource": "cpu"}, g.to_msg())
+    assert (a.units, a.worker, a.kind) == (1, "tcp://w:1", "k")

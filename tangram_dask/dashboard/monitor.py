@@ -231,7 +231,7 @@ class TangramMonitor(SchedulerPlugin):
         if not self.events:
             return
         sched = self.plugin.scheduler
-        emit(sched, "placement", key=key, kind=kind, worker=worker, units=g.units, gpus=list(g.gpus),
+        emit(sched, "placement", key=key, kind=kind, worker=worker, units=g.units, gpus=g.gpus,
              sandbox=g.sandbox if spec is not None and spec.resource == "cpu" else "")
         if g.load and spec is not None:
             emit(sched, "load", key=key, model=spec.model, worker=worker, gpus=list(g.gpus))

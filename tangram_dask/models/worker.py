@@ -27,7 +27,7 @@ from distributed.protocol.pickle import loads
 
 from ..errors import ModelError
 from ..messages import (MODELS_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER, WORKER_LOAD_HANDLER,
-                        WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport, WorkerDeclaration)
+                        WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport, WorkerDeclaration, granted)
 from .residency import CudaProbe, MemoryProbe, ModelEntry, Residency
 
 logger = logging.getLogger("tangram_dask.models")
@@ -176,10 +176,10 @@ class WorkerResidency:
         ann = (ts.annotations or {}).get("tangram") if ts is not None else None
         if not isinstance(ann, dict):
             return
-        grant = ann.get("grant")
-        if not isinstance(grant, dict) or grant.get("replica") is None or not ann.get("model"):
+        grant = granted(ts.annotations)
+        if grant is None or grant.replica is None or not ann.get("model"):
             return
-        args = (int(grant["replica"]), str(ann["model"]), tuple(grant.get("gpus", ())), tuple(grant.get("evict", ())))
+        args = (grant.replica, str(ann["model"]), grant.gpus, grant.evict)
         if args[1] not in self.registrations:
             self._deferred[key] = args  # no scheduler round trip, no load, per action of an unregistered model
             return
