@@ -78,28 +78,40 @@ def make_registration(name: str, loader: Callable[..., Any], *, memory_gb: float
 
 
 def register_model(client: Any, name: str, loader: Callable[..., Any], *, memory_gb: float,
-                   units: int | tuple[int, int] = (1, 1), load_s: float = 1.0) -> RegisteredModel:
+                   units: int | tuple[int, int] = (1, 1), load_s: float = 1.0) -> Any:
     """Register a reward model with the scheduler and every worker (workers joining later fetch it).
 
     ``memory_gb``: one replica's memory (all its GPUs together) and ``load_s``
     its load time, as declared; the scheduler's policy replaces both with what
     the first load measured. ``units``: GPUs per scoring action, n or (min, max).
     Registering a name again replaces its loader (replicas already resident stay).
+    Returns a :class:`RegisteredModel`; on an asynchronous client, an awaitable of one
+    (``rm = await register_model(client, ...)``). Bad arguments raise at the call either way.
     """
     reg = make_registration(name, loader, memory_gb=memory_gb, units=units, load_s=load_s)
+    return client.sync(_register, client, reg)
+
+
+async def _register(client: Any, reg: ModelRegistration) -> RegisteredModel:
     rpc = getattr(client.scheduler, REGISTER_MODEL_HANDLER)
     try:
-        reply = client.sync(rpc, registration=reg.to_msg())
+        reply = await rpc(registration=reg.to_msg())
     except Exception as e:
-        raise ModelError(f"register_model({name!r}): the scheduler did not take it ({type(e).__name__}: {e}); "
+        raise ModelError(f"register_model({reg.name!r}): the scheduler did not take it ({type(e).__name__}: {e}); "
                          f"does it run the tangram scheduler plugin?") from e
+    if reply is None:  # what a scheduler without the handler answers
+        from ..annotate import _missing
+
+        raise ModelError(f"register_model({reg.name!r}): {_missing(client.scheduler.address)}")
     if not isinstance(reply, dict) or reply.get("status") != "OK":
-        raise ModelError(f"register_model({name!r}): the scheduler answered {reply!r}")
-    return RegisteredModel(name, reg.units, reg.memory_gb, reg.load_s)
+        raise ModelError(f"register_model({reg.name!r}): the scheduler answered {reply!r}")
+    return RegisteredModel(reg.name, reg.units, reg.memory_gb, reg.load_s)
 
 
-def models_snapshot(client: Any) -> dict[str, Any]:
-    """Registered models, what their loads measured, what is resident on which worker, counts."""
+def models_snapshot(client: Any) -> Any:
+    """Registered models, what their loads measured, what is resident on which worker, counts.
+
+    On an asynchronous client, an awaitable of that dict."""
     return client.sync(getattr(client.scheduler, MODELS_HANDLER), loaders=False)
 
 

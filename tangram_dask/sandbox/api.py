@@ -162,13 +162,20 @@ def _on_worker(fn: str, *args: Any, dask_worker: Any = None) -> Any:
     return getattr(plugin.pool, fn)(*args)
 
 
-def move_trajectory(client: Any, trajectory: str, source: str, destination: str) -> int:
-    """Move a trajectory's working dir from worker ``source`` to ``destination``; the bytes moved."""
+# Each works with a synchronous client (blocks) and an asynchronous one (returns an awaitable): the
+# coroutine runs on the client's loop, where ``client.run`` returns an awaitable either way.
+
+async def _move(client: Any, trajectory: str, source: str, destination: str) -> int:
     # the source removes its dir only once the destination has restored it
-    data = client.run(_on_worker, "snapshot_trajectory", trajectory, workers=[source])[source]
-    client.run(_on_worker, "restore_trajectory", trajectory, data, workers=[destination])
-    client.run(_on_worker, "end_trajectory", trajectory, workers=[source])
+    data = (await client.run(_on_worker, "snapshot_trajectory", trajectory, workers=[source]))[source]
+    await client.run(_on_worker, "restore_trajectory", trajectory, data, workers=[destination])
+    await client.run(_on_worker, "end_trajectory", trajectory, workers=[source])
     return len(data)
+
+
+def move_trajectory(client: Any, trajectory: str, source: str, destination: str) -> Any:
+    """Move a trajectory's working dir from worker ``source`` to ``destination``; the bytes moved."""
+    return client.sync(_move, client, trajectory, source, destination)
 
 
 def _end_here(trajectory: str, dask_worker: Any = None) -> bool:
@@ -177,7 +184,11 @@ def _end_here(trajectory: str, dask_worker: Any = None) -> bool:
     return pool is not None and pool.end_trajectory(trajectory)
 
 
-def end_trajectory_everywhere(client: Any, trajectory: str) -> list[str]:
-    """End a trajectory on every worker that has sandboxes; the addresses of those that had its dir."""
-    done = client.run(_end_here, trajectory)
+async def _end_everywhere(client: Any, trajectory: str) -> list[str]:
+    done = await client.run(_end_here, trajectory)
     return sorted(addr for addr, had in done.items() if had)
+
+
+def end_trajectory_everywhere(client: Any, trajectory: str) -> Any:
+    """End a trajectory on every worker that has sandboxes; the addresses of those that had its dir."""
+    return client.sync(_end_everywhere, client, trajectory)

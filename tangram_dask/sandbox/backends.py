@@ -91,7 +91,7 @@ def code_uid(options: PoolOptions, backend: str = "process") -> int | None:
         raise SandboxError("sandbox option 'uid' = None: the worker runs as root and untrusted code never "
                            "runs as root; pass uid='auto' (65534) or another unprivileged uid")
     uid = 65534 if options.uid == "auto" else int(options.uid)
-    if backend == "process":
+    if backend == "process" and options.python is not None:  # None: resolve_python picks one it can run
         blocked = _unreadable_by(options.python, uid)
         if blocked:
             raise SandboxError(f"sandbox option 'python' = {options.python!r}: the code would run as uid {uid}, "
@@ -99,6 +99,72 @@ def code_uid(options: PoolOptions, backend: str = "process") -> int | None:
                                "interpreter outside private dirs (e.g. '/usr/bin/python3') or use "
                                "backend='bwrap', which mounts the interpreter's dirs readable")
     return uid
+
+
+#: Interpreters a root worker's process backend falls back to when the code's uid cannot run the worker's.
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+
+_CHECK_PYTHON = "import sys\ncompile(sys.stdin.read(), '<tangram zygote>', 'exec')\n"
+_resolved: dict[tuple[Any, ...], str] = {}
+
+
+def resolve_python(options: PoolOptions, backend: str = "process") -> str:
+    """The sandboxes' interpreter: ``options.python`` if given, else one the code's uid can run.
+
+    Under ``bwrap``, or where the code keeps the worker's uid, that is the worker's own
+    interpreter. A root worker's ``process`` backend runs the host's interpreter as the
+    code's uid (65534): the worker's is kept if that uid can run it (every directory on
+    its real path passable, and a trial run as that uid compiles the zygote and imports
+    ``preload``), else the first of :data:`SYSTEM_PYTHONS` that passes the same checks.
+    None passing raises :class:`SandboxError` naming each reason and the fixes.
+    """
+    if options.python is not None:
+        return options.python
+    uid = code_uid(options, backend)
+    if backend != "process" or uid is None:
+        return sys.executable
+    key = (sys.executable, uid, options.preload)
+    with _probe_lock:
+        if key in _resolved:
+            return _resolved[key]
+    reasons: list[str] = []
+    seen: set[str] = set()
+    for python in (sys.executable, *SYSTEM_PYTHONS):
+        real = os.path.realpath(python)
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        blocked = _unreadable_by(python, uid)
+        why = f"{blocked} is closed to it" if blocked else _fails_as(python, uid, options.preload)
+        if why:
+            reasons.append(f"{python}: {why}")
+            continue
+        if python != sys.executable:
+            logger.info("tangram sandbox: the code runs as uid %d, which cannot run the worker's interpreter "
+                        "(%s); the process backend's sandboxes run %s", uid, reasons[0] if reasons else "", python)
+        with _probe_lock:
+            _resolved[key] = python
+        return python
+    raise SandboxError(f"no Python interpreter that uid {uid} (the code's: the worker runs as root) can run for "
+                       f"the process backend: {'; '.join(reasons) or 'none found'}. Install a system Python "
+                       f"(apt-get install -y python3{', with the preload modules' if options.preload else ''}), "
+                       "pass python= an interpreter outside private dirs such as /root, or use backend='bwrap' "
+                       "(which mounts the worker's interpreter readable)")
+
+
+def _fails_as(python: str, uid: int, preload: tuple[str, ...]) -> str:
+    """Why ``python``, run as ``uid`` (no groups), cannot serve as a zygote; '' if it can."""
+    code = _CHECK_PYTHON + "".join(f"import {m}\n" for m in preload)
+    try:
+        p = subprocess.run([python, "-I", "-c", code], input=_ZYGOTE_SRC.encode(), capture_output=True,
+                           timeout=30, cwd="/", env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+                           user=uid, group=uid, extra_groups=[])
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"a trial run as uid {uid} failed: {e}"
+    if p.returncode != 0:
+        err = p.stderr.decode(errors="replace").strip().splitlines()
+        return f"a trial run as uid {uid} failed: {err[-1] if err else f'exit {p.returncode}'}"
+    return ""
 
 
 def _unreadable_by(path: str, uid: int, final: int = 0o5) -> str:
@@ -200,6 +266,8 @@ class Sandbox:
         self.options = options
         self.id = sandbox_id or Path(box_dir).name
         self.box = Path(box_dir)
+        if options.python is None:
+            options = self.options = replace(options, python=resolve_python(options, self.name))
         self.mnt = self.box / "mnt"          # the zygote's area: hidden from the code once it is ready
         self.tmp = self.box / "tmp"          # the code's /tmp where there is no mount namespace
         self.uid = code_uid(options, self.name)

@@ -8,7 +8,6 @@ option fails in the client (``SandboxPlugin(...)``), not later on a worker.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -79,8 +78,11 @@ class PoolOptions:
     threads). ``max_starting``: sandboxes starting at once. ``max_uses``: a sandbox
     is replaced after this many actions. ``uid``: the user id untrusted code runs
     as when the worker is root ("auto": 65534, nobody; None: the worker's own).
-    ``root``: the directory holding the sandboxes' dirs (None: the worker's local
-    directory, or a temporary one). ``preload``: modules the warm interpreter
+    ``root``: the directory holding the sandboxes' dirs (None: a new 0711 directory
+    under /tmp, made at pool start and removed at close). ``python``: the sandboxes'
+    interpreter (None: the worker's own where the code's uid can run it, else a
+    system ``python3`` it can; see :func:`~tangram_dask.sandbox.backends.resolve_python`).
+    ``preload``: modules the warm interpreter
     imports once, so forked actions have them already. ``strict``: refuse to start
     a sandbox that cannot give each action fresh writable places (the process
     backend without namespaces). ``cgroup``: a delegated cgroup v2 dir (no
@@ -96,7 +98,7 @@ class PoolOptions:
     trajectory_ttl_s: float = 3600.0
     uid: int | str | None = "auto"
     root: str | None = None
-    python: str = sys.executable
+    python: str | None = None
     preload: tuple[str, ...] = ()
     ro_binds: tuple[str, ...] = ()
     start_timeout_s: float = 30.0
@@ -116,6 +118,8 @@ class PoolOptions:
         if not (self.uid is None or self.uid == "auto" or (isinstance(self.uid, int)
                                                           and not isinstance(self.uid, bool) and self.uid > 0)):
             raise _bad("uid", self.uid, "must be 'auto', None (the worker's own) or a user id > 0")
+        if self.python is not None and not (isinstance(self.python, str) and self.python):
+            raise _bad("python", self.python, "must be None (chosen on the worker) or an interpreter's path")
         if not isinstance(self.preload, tuple) or not all(isinstance(m, str) for m in self.preload):
             raise _bad("preload", self.preload, "must be a tuple of module names")
         if not isinstance(self.ro_binds, tuple) or not all(isinstance(p, str) and p.startswith("/")

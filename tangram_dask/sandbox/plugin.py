@@ -4,14 +4,15 @@
 
 Options are checked here, in the client, so a wrong one fails at once. On each
 worker, ``setup`` starts the pool (its size: the option, else the worker's
-``slots`` resource, else its threads) in the worker's local directory;
-``teardown`` closes every sandbox.
+``slots`` resource, else its threads) under its ``root`` option, else in a new
+0711 directory under /tmp; ``teardown`` closes every sandbox and removes that
+directory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -42,8 +43,11 @@ class SandboxPlugin(WorkerPlugin):
         if size is None:
             slots = worker.state.total_resources.get("slots")
             size = int(slots) if slots else worker.state.nthreads
-        root = self.options.root or os.path.join(worker.local_directory, "tangram-sandbox")
-        self.pool = SandboxPool(replace(self.options, size=max(1, size), root=root))
+        # no root given: the pool makes a 0711 one under /tmp (removed at teardown), not one in the worker's
+        # local directory, which Dask makes 0700 and a root worker's code uid (65534) could not pass
+        self.pool = SandboxPool(replace(self.options, size=max(1, size)))
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(worker.name))[:40]
+        self.pool.root_prefix = f"tangram-sandbox-{name}-"
         await asyncio.to_thread(self.pool.start)
         worker.handlers[TAKE_HANDLER] = self._take
         worker.handlers[DROP_HANDLER] = self._drop

@@ -22,16 +22,18 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from ..errors import SandboxError
-from .backends import Sandbox, choose_backend, code_uid, containment, namespaces_available
+from .backends import (Sandbox, _unreadable_by, choose_backend, code_uid, containment, namespaces_available,
+                       resolve_python)
 from .options import Limits, PoolOptions
 from .result import RunResult
 from .workspace import Workspaces
@@ -115,6 +117,9 @@ class Lease:
 class SandboxPool:
     """Warm sandboxes for one worker. ``SandboxPool(size=2).start()``, or a ``with`` block."""
 
+    #: the name of the root dir made when the options name none (the worker plugin adds the worker's name)
+    root_prefix = "tangram-sandbox-"
+
     def __init__(self, options: PoolOptions | None = None, **kwargs: Any):
         if options is not None and kwargs:
             raise SandboxError("pass either options= or keyword options, not both")
@@ -147,20 +152,28 @@ class SandboxPool:
         """Pick the backend, make the root dir, start filling in the background; returns at once."""
         if self.backend is not None:
             return self
-        self.backend = choose_backend(self.options.backend)
+        backend = choose_backend(self.options.backend)
+        uid = code_uid(self.options, backend.name)  # raises now, naming the fix, rather than on every start
+        if self.options.strict and not namespaces_available(backend.name):
+            raise SandboxError(f"sandbox option strict=True: the {backend.name} backend has no mount "
+                               "namespace here, so actions could leave files in /tmp or /dev/shm for the next; "
+                               "allow unprivileged user namespaces, run the worker as root, or install bubblewrap")
+        # the interpreter, chosen once here (not by every sandbox): one the code's uid can run
+        self.options = replace(self.options, python=resolve_python(self.options, backend.name))
         if self.options.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="tangram-sandbox-"))
+            self.root = default_root(uid, self.root_prefix, process=backend.name == "process")
             self._own_root = True
         else:
             self.root = Path(self.options.root)
             self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o711)
-        (self.root / "boxes").mkdir(exist_ok=True, mode=0o711)
-        uid = code_uid(self.options, self.backend.name)  # raises now, naming the fix, rather than on every start
-        if self.options.strict and not namespaces_available(self.backend.name):
-            raise SandboxError(f"sandbox option strict=True: the {self.backend.name} backend has no mount "
-                               "namespace here, so actions could leave files in /tmp or /dev/shm for the next; "
-                               "allow unprivileged user namespaces, run the worker as root, or install bubblewrap")
+        try:
+            os.chmod(self.root, 0o711)
+            (self.root / "boxes").mkdir(exist_ok=True, mode=0o711)
+        except BaseException:
+            if self._own_root:
+                shutil.rmtree(self.root, ignore_errors=True)
+            raise
+        self.backend = backend
         self.workspaces = Workspaces(self.root / "trajectories", uid, self.options.trajectory_ttl_s)
         self._uid = uid
         threats = containment(self.backend.name, self.options, isolated=namespaces_available(self.backend.name))
@@ -422,3 +435,69 @@ class SandboxPool:
             self._boxes.add(box)
             self._ready.append(box)
             self._cond.notify_all()
+
+
+def default_root(uid: int | None, prefix: str = SandboxPool.root_prefix, *, process: bool = True) -> Path:
+    """A new, empty root for a pool whose options name none: 0711, under /tmp, owned by this process.
+
+    Under /tmp because a sandbox with a mount namespace gets a fresh /tmp per action, so
+    no sandbox's code ever sees this dir (nor, through it, another sandbox's files);
+    0711 so the code's uid (65534 for a root worker's process backend) can pass through
+    to its own working dir, but not list the others. The parent must be a directory
+    only root can replace: root-owned and sticky where anyone may write in it (a
+    stranger could otherwise move the new dir away and put a link in its place).
+    ``mkdtemp`` makes the dir (exclusive create, 0700), checked to be ours before
+    ``chmod``. Falls back to ``tempfile.gettempdir()`` where /tmp does not pass.
+    """
+    reasons = []
+    for base in dict.fromkeys(["/tmp", tempfile.gettempdir()]):
+        why = _unsafe_parent(base, uid)
+        if why:
+            reasons.append(f"{base}: {why}")
+            continue
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        st = os.lstat(root)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            raise SandboxError(f"the sandbox root {root} just made is not a 0700 dir owned by uid {os.geteuid()}; "
+                               "pass root= a directory of your own")
+        os.chmod(root, 0o711)
+        if base != "/tmp" and process:
+            logger.warning("tangram sandbox: root %s is not under /tmp (%s): the process backend's code could "
+                           "reach it; pass root= a dir under /tmp", root, "; ".join(reasons))
+        return root
+    raise SandboxError(f"no safe directory for the sandbox root ({'; '.join(reasons)}); pass root= a directory "
+                       "only this worker's user may write, which the code's uid may traverse (chmod 0711)")
+
+
+def _unsafe_parent(base: str, uid: int | None) -> str:
+    """Why ``base`` may not hold a pool's root; '' if it may."""
+    try:
+        st = os.stat(base)
+    except OSError as e:
+        return str(e)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid not in (0, os.geteuid(), _unmapped_uid()):
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return "writable by others and not sticky"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return "not writable by this worker"
+    if uid is not None:
+        blocked = _unreadable_by(base, uid, final=0o1)
+        if blocked:
+            return f"uid {uid} (the code's) cannot pass {blocked}"
+    return ""
+
+
+def _unmapped_uid() -> int:
+    """How a uid outside this user namespace's map shows (root's /tmp, seen from a user namespace); -1
+    in the initial namespace, where every uid is itself."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            if f.read().split() == ["0", "0", "4294967295"]:
+                return -1
+        with open("/proc/sys/kernel/overflowuid") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return -1

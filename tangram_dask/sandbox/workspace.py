@@ -70,7 +70,7 @@ class Workspaces:
         try:
             src = self.path(trajectory)
             if not src.exists():
-                self.root.mkdir(parents=True, exist_ok=True)
+                self._make_root()
                 src.mkdir(mode=0o700)
                 self._chown(src)
             if slot.exists():
@@ -130,7 +130,8 @@ class Workspaces:
             tmp = dst.with_name(dst.name + ".restore")
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True, mode=0o700)
+                self._make_root()
+                tmp.mkdir(mode=0o700)
                 _extract(data, members, tmp)
                 os.chmod(tmp, 0o700)
                 for dirpath, dirnames, filenames in os.walk(tmp):
@@ -174,6 +175,12 @@ class Workspaces:
             finally:
                 lock.release()
         return gone
+
+    def _make_root(self) -> None:
+        """The dir holding the trajectories' dirs: 0700, the worker's own (the code never passes it: a
+        trajectory's dir is moved into its sandbox for its action)."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
 
     def _chown(self, p: Path) -> None:
         if self.uid is not None:
