@@ -94,6 +94,7 @@ class Action:
     error: str | None = None
     grant: Grant | None = None
     annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
+    t0: float | None = None  # policy time the dashboard monitor first saw it waiting (None: not yet)
 
 
 @dataclass
@@ -150,6 +151,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self.scheduler: Any = None
         self.policy: Policy | None = None
         self.actions: dict[Hashable, Action] = {}
+        #: the record that last left ``actions`` (key, record), for plugins that see the same transition later
+        self.left: tuple[Hashable, Action] | None = None
         self.nodes: dict[str, WorkerDeclaration] = {}
         self.stats = PluginStats()
         self._cpu_workers: dict[str, None] = {}
@@ -299,19 +302,26 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if not anns:
             return
         tasks, actions = scheduler.tasks, self.actions
+        # one spec per annotation object: the tasks of one dask.annotate block share their annotation dict,
+        # and so share one (frozen) ActionSpec, not a copy each (ids are stable: anns holds every object)
+        specs: dict[int, ActionSpec] = {}
         for key, ann in anns.items():
             ts = tasks.get(key)
             if ts is None or ts.state != "released" or key in actions:
                 continue
-            try:  # a fresh task: every key is the user's, so a 'grant' in it is refused (reserved)
-                spec = ActionSpec.from_dict(ann)
-            except SpecError as e:
-                actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: {e}")
-            except Exception as e:  # anything else a hand-made annotation can hold
-                actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: "
-                                                  f"{type(e).__name__}: {e}")
-            else:
+            spec = specs.get(id(ann))
+            if spec is not None:
                 actions[key] = Action(spec)
+            else:
+                try:  # a fresh task: every key is the user's, so a 'grant' in it is refused (reserved)
+                    spec = specs[id(ann)] = ActionSpec.from_dict(ann)
+                except SpecError as e:
+                    actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: {e}")
+                except Exception as e:  # anything else a hand-made annotation can hold
+                    actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: "
+                                                      f"{type(e).__name__}: {e}")
+                else:
+                    actions[key] = Action(spec)
             ts.worker_restrictions = PARKED
             ts.loose_restrictions = False
 
@@ -334,14 +344,19 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self.actions[key] = a
         return a
 
-    def _done(self, key: Hashable, ts: Any) -> None:
-        """The action left the plugin's hands: forget its record, its grant and its timer."""
-        a = self.actions.pop(key, None)
+    def _done(self, key: Hashable, ts: Any, keep: bool = False) -> None:
+        """The action left the plugin's hands: forget its record (unless ``keep``: it was released from
+        processing and may wait again), its grant and its timer. The record that just left stays readable
+        as :attr:`left` until the next one leaves: the dashboard monitor, which sees the same transition
+        after this plugin, reads the action's kind and submit time there."""
+        a = self.actions.get(key) if keep else self.actions.pop(key, None)
+        if a is not None:
+            self.left = (key, a)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
         if a is not None and a.annotations is not None and ts is not None:
-            ts.annotations = a.annotations  # the user's own dict back: no copy per finished task
+            ts.annotations, a.annotations = a.annotations, None  # the user's own dict back: no copy per task
             return
         ann = ts.annotations if ts is not None else None
         if ann and GRANT_KEY in ann:  # what Dask keeps per task: the user's annotations only
@@ -377,7 +392,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                         self.stats.cancelled += 1
                     self._kick()
                 a.state, a.grant = DONE, None
-                self._done(key, ts)
+                self._done(key, ts, keep=finish not in ("memory", "erred"))
             elif finish == "processing":
                 if a.state != GRANTED:  # only the plugin moves actions to processing
                     logger.error("tangram: action %r reached processing without a grant (%s)", key, stimulus_id)

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import dask
 import pytest
 from distributed import Client, KilledWorker
 
@@ -59,6 +60,12 @@ def test_worker_killed_mid_action_the_action_completes_once_elsewhere(tmp_path):
         lines = log.read_text().splitlines()
         assert lines.count("done") == 1 and len([x for x in lines if x.startswith("start")]) == 2
         assert plugin.stats.finished == 1
+        # the dashboard counts one action, submitted once, whose ACT spans both attempts (the record was
+        # kept while the task waited again: the monitor keeps nothing per action of its own)
+        k = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["tangram-monitor"]
+                                    .stats.totals()["long"])
+        assert (k["submitted"], k["finished"], k["failed"]) == (1, 1, 0)
+        assert k["act_sum_s"] >= 1.0  # at least the second attempt's 1 s sleep, plus the first one's start
         # the policy lost the dead node and holds nothing
         deadline = time.monotonic() + 20
         while len(plugin.nodes) < 2:  # the nanny restarts the worker under a new address
@@ -199,6 +206,30 @@ def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
 
     grants, records = client.run_on_scheduler(leftovers, keys=[f.key for f in futs])
     assert grants == [] and records == []
+
+
+def test_the_actions_of_one_annotate_block_share_one_spec():
+    """Dask gives every task of one ``dask.annotate`` block the same annotation object; the plugin parses it
+    once (one frozen ActionSpec for them all, not ~120 bytes per queued action), and a malformed one errs
+    every task of its block, naming the field."""
+    plugin = TangramSchedulerPlugin("tangram")
+    with start_cluster(plugin, {}) as cluster, Client(cluster) as client:  # no worker: every action waits
+        with tangram_dask.action(kind="shared", resource="cpu", units=1):
+            futs = client.map(_sleep, [0.0] * 20, pure=False)
+        with dask.annotate(tangram={"kind": "bad", "resource": "cpu", "units_min": 0}):
+            bad = client.map(_sleep, [0.0] * 3, pure=False)
+
+        def specs(dask_scheduler, keys):
+            p = dask_scheduler.plugins["tangram"]
+            return len({id(p.actions[k].spec) for k in keys if k in p.actions}), len(keys)
+
+        deadline = time.monotonic() + 20
+        while client.run_on_scheduler(specs, keys=[f.key for f in futs]) != (1, 20):
+            assert time.monotonic() < deadline, client.run_on_scheduler(specs, keys=[f.key for f in futs])
+            time.sleep(0.05)
+        for f in bad:
+            with pytest.raises(Exception, match="units.min"):
+                f.result(timeout=20)
 
 
 def _pid_and_units() -> tuple[int, int]:

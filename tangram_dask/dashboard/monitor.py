@@ -10,7 +10,7 @@ log-spaced bucket counts (for mean and p99 over time). Memory is
 :class:`TangramMonitor` is a small scheduler plugin that feeds it from Dask's
 transitions of tangram actions (the tangram plugin's own ``actions`` records
 say which keys are actions, their spec and grant). It keeps one submit time
-per *live* action (dropped when the task finishes or is forgotten), counts
+per *live* action, on the tangram plugin's own record of it (nothing of its own), counts
 placements, model loads, evictions and sandbox cold starts from the grants,
 and logs the matching events (:mod:`.events`).
 """
@@ -174,31 +174,33 @@ class TangramMonitor(SchedulerPlugin):
         self.stats = stats or ActStats()
         self.counters = Counters()
         self.events = events
-        #: live actions only: key -> (policy time of first submit, kind, resource, error); dropped at the end
-        self._live: dict[Hashable, tuple[float, str, str, str | None]] = {}
+
+    def _record(self, key: Hashable) -> Any:
+        """The tangram plugin's record of ``key``: live, or the one that left it in this very transition
+        (the tangram plugin sees each transition first; the monitor keeps nothing per action itself)."""
+        plugin = self.plugin
+        a = plugin.actions.get(key)
+        if a is None and plugin.left is not None and plugin.left[0] == key:
+            a = plugin.left[1]
+        return a
 
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
                    **kwargs: Any) -> None:
-        live = self._live.get(key)
-        if live is None:
-            if finish != "no-worker":
-                return
-            a = self.plugin.actions.get(key)
-            if a is None:
-                return
-            spec = a.spec
-            kind, resource = (spec.kind, spec.resource) if spec is not None else ("malformed", "")
-            # an action that errs at once (bad spec, unknown model) was never submitted to the policy
-            self._live[key] = live = (self.plugin.now(), kind, resource, a.error)
-            if a.error is None:
-                self.stats.submit(kind, resource)
+        a = self._record(key)
+        if a is None:
             return
-        t, kind, resource, error = live
+        spec = a.spec
+        kind, resource = (spec.kind, spec.resource) if spec is not None else ("malformed", "")
+        if a.t0 is None:  # first seen: the submit time on the record (an action placed again keeps its own)
+            if finish == "no-worker":
+                a.t0 = self.plugin.now()
+                if a.error is None:  # one that errs at once (bad spec, unknown model) was never submitted
+                    self.stats.submit(kind, resource)
+            return
+        t, error = a.t0, a.error
         if start == "no-worker" and finish == "processing":
-            a = self.plugin.actions.get(key)
-            self._placed(key, kind, a.spec if a is not None else None, a.grant if a is not None else None)
+            self._placed(key, kind, spec, a.grant)
         elif start == "processing" and finish in ("memory", "erred"):
-            del self._live[key]
             now = self.plugin.now()
             ok = finish == "memory"
             self.stats.finish(kind, resource, now - t, now, ok)
@@ -208,13 +210,10 @@ class TangramMonitor(SchedulerPlugin):
                     emit(self.plugin.scheduler, "error", key=key, kind=kind, worker=str(kwargs.get("worker", "")),
                          error=_exception_text(self.plugin.scheduler, key, kwargs))
         elif start == "no-worker" and finish == "erred":
-            del self._live[key]
             self.counters.rejections += 1
             if self.events:
                 emit(self.plugin.scheduler, "rejection", key=key, kind=kind,
                      reason=error or _exception_text(self.plugin.scheduler, key, kwargs))
-        elif finish == "forgotten":
-            self._live.pop(key, None)
 
     def _placed(self, key: Hashable, kind: str, spec: Any, g: Any) -> None:
         c = self.counters
