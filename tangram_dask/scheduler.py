@@ -302,13 +302,20 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if not anns:
             return
         tasks, actions = scheduler.tasks, self.actions
-        # one spec per annotation object: the tasks of one dask.annotate block share their annotation dict,
-        # and so share one (frozen) ActionSpec, not a copy each (ids are stable: anns holds every object)
+        # One spec per annotation object: the tasks of one dask.annotate block share their annotation dict,
+        # and so share one (frozen) ActionSpec, not a copy each; likewise one ``ts.annotations`` dict for the
+        # tasks whose annotations are the very same objects (Dask makes one per task; it replaces a task's
+        # annotations, never changes them in place). Ids are stable here: anns and the tasks hold every object.
         specs: dict[int, ActionSpec] = {}
+        shared: dict[tuple, dict] = {}
         for key, ann in anns.items():
             ts = tasks.get(key)
             if ts is None or ts.state != "released" or key in actions:
                 continue
+            own = ts.annotations
+            if own:
+                same = tuple((k, id(v)) for k, v in own.items())
+                ts.annotations = shared.setdefault(same, own)
             spec = specs.get(id(ann))
             if spec is not None:
                 actions[key] = Action(spec)

@@ -221,15 +221,27 @@ def test_the_actions_of_one_annotate_block_share_one_spec():
 
         def specs(dask_scheduler, keys):
             p = dask_scheduler.plugins["tangram"]
-            return len({id(p.actions[k].spec) for k in keys if k in p.actions}), len(keys)
+            present = [dask_scheduler.tasks[k] for k in keys if k in dask_scheduler.tasks]
+            return (len({id(p.actions[k].spec) for k in keys if k in p.actions}),
+                    len({id(ts.annotations) for ts in present}), len(present))
 
         deadline = time.monotonic() + 20
-        while client.run_on_scheduler(specs, keys=[f.key for f in futs]) != (1, 20):
+        while client.run_on_scheduler(specs, keys=[f.key for f in futs]) != (1, 1, 20):
             assert time.monotonic() < deadline, client.run_on_scheduler(specs, keys=[f.key for f in futs])
             time.sleep(0.05)
         for f in bad:
             with pytest.raises(Exception, match="units.min"):
                 f.result(timeout=20)
+        # granting one writes its grant on a copy: the others' shared annotations stay the user's
+        cluster.worker_spec.update({"cpu-0": _cpu_worker("cpu-0", 2, 2)})
+        cluster.sync(cluster._correct_state)
+        assert client.gather(futs, errors="raise") == [1] * 20
+
+        def grants(dask_scheduler, keys):
+            return [dict(dask_scheduler.tasks[k].annotations) for k in keys]
+
+        anns = client.run_on_scheduler(grants, keys=[f.key for f in futs])
+        assert all(set(a) == {"tangram"} and a["tangram"]["kind"] == "shared" for a in anns)
 
 
 def _pid_and_units() -> tuple[int, int]:
