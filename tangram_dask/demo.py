@@ -211,14 +211,9 @@ def gpu_setup() -> GpuSetup:
 
 
 def sandbox_options() -> dict[str, Any]:
-    """The sandbox plugin's options: the backend is its own choice ("auto"); a root worker's process
-    backend runs code as uid 65534, which needs an interpreter it can read."""
-    from .sandbox import bwrap_available
-
-    opts: dict[str, Any] = {"memory_bytes": 1 << 30}
-    if not bwrap_available()[0] and os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
-        opts["python"] = "/usr/bin/python3"
-    return opts
+    """The sandbox plugin's options: its defaults (the backend is its own choice, "auto"; a root worker's
+    process backend picks an interpreter the code's uid can run), with a 1 GiB memory limit."""
+    return {"memory_bytes": 1 << 30}
 
 
 class ForkServer:
@@ -461,8 +456,8 @@ class DemoOptions:
 def worker_specs(opts: DemoOptions, gpu: GpuSetup, sandbox: dict[str, Any], workdir: str) -> dict[str, dict[str, Any]]:
     """CPU workers with the sandbox plugin (only they: the GPU worker runs no code), one GPU-group worker.
 
-    Each CPU worker's sandboxes live under ``workdir`` (mode 0711), not under the worker's own local
-    directory: Dask makes that 0700, which uid 65534 (a root worker's process backend) cannot traverse."""
+    Each CPU worker's sandboxes live under ``workdir`` (mode 0711, as the plugin's own default root under
+    /tmp is), so that the demo's one directory holds everything it made, even after a worker is killed."""
     from distributed import Nanny
 
     from .sandbox.plugin import SandboxPlugin
