@@ -13,11 +13,15 @@
 - ``small``: small steps (48-64 trajectories) on the GPU-bound, heavy-tail
   and standard workloads, where most of the step passes before the
   admission gate has learned anything.
+- ``demo`` (by name only, not in ``all``): the shape of ``tangram-dask demo``
+  (16 trajectories, mostly LLM generation, on 4 CPU slots and 2 GPUs;
+  ``resources/variants/demo-like.yaml``), three seeds: the whole step passes
+  before the gate has learned anything.
 
 Prints one line per variant with the ratios the targets are stated in, then
 min/mean/max of each ratio per family. Not a test: figures to read.
 
-    python benchmarks/variants.py [--family std,gpu,tail,small,gpux] [--quick] [-j 2] [-o key=value ...]
+    python benchmarks/variants.py [--family std,gpu,tail,small,gpux,demo] [--quick] [-j 2] [-o key=value ...]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 BENCH = ROOT / "resources" / "bench"
-FAMILIES = ("std", "gpu", "tail", "small", "gpux")
+FAMILIES = ("std", "gpu", "tail", "small", "gpux")  # "all"; demo only by name (not in docs/benchmarks.md)
 
 
 def _yaml(path: Path) -> dict:
@@ -203,9 +207,16 @@ def small_family(quick: bool) -> list[tuple[dict, dict]]:
     return out[:4] if quick else out
 
 
+def demo_family(quick: bool) -> list[tuple[dict, dict]]:
+    """The shape of ``tangram-dask demo``: trajectories idle in LLM generation most of the time."""
+    w0 = _yaml(ROOT / "resources" / "variants" / "demo-like.yaml")
+    c0 = _yaml(ROOT / "resources" / "variants" / "cluster-demo.yaml")
+    return [(_with(w0, f"demo-seed{s}", seed=s), c0) for s in ((0,) if quick else (0, 1, 2))]
+
+
 def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
     return {"std": std_family, "gpu": gpu_family, "tail": tail_family, "small": small_family,
-            "gpux": gpux_family}[name](quick)
+            "gpux": gpux_family, "demo": demo_family}[name](quick)
 
 
 COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
@@ -230,7 +241,7 @@ def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail, small, gpux (or all)")
+    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail, small, gpux, demo (or all)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parity", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1)
