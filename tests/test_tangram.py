@@ -356,3 +356,19 @@ def test_a_long_hint_is_not_shrunk_to_the_short_actions_that_finished_first():
         ests[from_hints] = est.expected(spec(1000.0))
     assert ests[False] < 30.0
     assert ests[True] > 3 * ests[False]
+
+
+def test_small_step_of_mostly_idle_trajectories_does_not_wait_for_the_warm_up():
+    """The shape of ``tangram-dask demo`` (resources/variants/demo-like.yaml): 16 trajectories that
+    spend most of their time in LLM generation on 4 CPU slots and 2 GPUs. Before 8 trajectories
+    ended, the limit counts a trajectory as one unit of the scarcest resource (4, then 2 once the
+    rewards show), so the step took twice fifo's. Admitting past it while every resource is idle
+    (``idle_admit``), and the last few at once (``admit_tail``), brings it to fifo's, ACT still lower."""
+    gen = generate(load_workload("resources/variants/demo-like.yaml"))
+    cl = load_cluster("resources/variants/cluster-demo.yaml")
+    fifo = bench_simulate(gen, cl, "fifo")
+    new = bench_simulate(gen, cl, "tangram", audit=True)
+    old = bench_simulate(gen, cl, "tangram", options=TangramOptions(idle_admit=0, admit_tail=0))
+    assert old["step_s"] > 2 * fifo["step_s"]
+    assert new["step_s"] < 1.02 * fifo["step_s"]
+    assert new["act_mean_s"] < 0.7 * fifo["act_mean_s"]

@@ -67,6 +67,8 @@ class TangramOptions:
     admission_warmup: float = 8.0  # until this many trajectories ended, demand is learned per action and capped
     warmup_units: float = 1.0   # cap until then: 1, one per unit of the scarcest resource seen; 0, one per CPU slot
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
+    admit_tail: float = 0.15    # >0: in warm-up, admit all who wait once they are at most this x those in flight
+    idle_admit: float = 0.25    # >0: in warm-up, one past the limit per this x a turn cycle while all is idle
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -228,6 +230,8 @@ class TangramPolicy(Policy):
         self._now = 0.0
         self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
         self._limit_dirty = True
+        self._idle_at = -math.inf  # when the last trajectory was admitted past the limit (_idle)
+        self.fresh: set[str] = set()  # admitted, no action issued yet: their demand is not seen
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
@@ -249,6 +253,7 @@ class TangramPolicy(Policy):
         super().end_trajectory(trajectory, now)
         self.admission_queue.pop(trajectory, None)
         self.admitted.discard(trajectory)
+        self.fresh.discard(trajectory)
         self.last_end.pop(trajectory, None)
         acc = self.traj_work.pop(trajectory, None)
         if acc is not None:
@@ -279,6 +284,8 @@ class TangramPolicy(Policy):
         if spec.trajectory is not None and spec.trajectory not in self.traj_start:
             self.traj_start[spec.trajectory] = now
         self._touch(spec.trajectory, now)
+        if self.fresh:
+            self.fresh.discard(spec.trajectory)
         self.est.issued(spec)
         est = self.est.expected(spec)
         if self.opt.admission and spec.trajectory is not None:
@@ -430,14 +437,47 @@ class TangramPolicy(Policy):
         limit, max_wait = self._limit
         if self.active < limit and self.opt.admission_queue and self._queueing():
             limit = self.active
+        elif self.active >= limit and self.opt.idle_admit and self._idle(now):
+            limit = self.active + 1
+            self._idle_at = now
+        if (self.opt.admit_tail and self.ended_n < self.opt.admission_warmup
+                and len(self.admission_queue) <= self.opt.admit_tail * self.active):
+            limit = math.inf
         while self.admission_queue:
             t, asked = next(iter(self.admission_queue.items()))
             if self.active >= limit and now - asked < max_wait:
                 break
             self.admission_queue.popitem(last=False)
             self.admitted.add(t)
+            self.fresh.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
+
+    def _idle(self, now: float) -> bool:
+        """Before ``admission_warmup`` trajectories have ended: one more trajectory past the limit
+        adds throughput, not queueing, while every resource is below its target occupancy now
+        (``admission`` x the CPU slots, ``admission_gpu`` x the GPUs and the API tokens) and nothing
+        waits for any of them.
+
+        Until then the limit counts a trajectory as one unit of the scarcest resource it uses, even
+        where trajectories spend most of their time in LLM generation. Rate-limited so that the
+        demand of those admitted shows before more come: at most one per ``idle_admit`` turn
+        cycles (LLM gap + action time), and none while ``1 / idle_admit`` admitted trajectories
+        have not issued their first action.
+        """
+        if self.ended_n or self.gaps.n < 4:
+            return False
+        if len(self.fresh) * self.opt.idle_admit >= 1:
+            return False
+        if now - self._idle_at < self.opt.idle_admit * (self.gaps.mean + self.turn_time.mean):
+            return False
+        if any(pool.qwork > 0 for pool in self.pools.values()):
+            return False
+        gpu_target = self.opt.admission_gpu or 1.0
+        busy = ((self.cpu.slots - self.cpu.slots_free, self.cpu.slots, self.opt.admission),
+                (self.gpu.total - self.gpu.idle, self.gpu.total, gpu_target),
+                (self.api.total - self.api.total_free, self.api.total, gpu_target))
+        return all(b < target * units for b, units, target in busy if units > 0)
 
     def _queueing(self) -> bool:
         """Work already queued for some resource would make a new trajectory's action wait
