@@ -335,8 +335,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
     def _record_again(self, key: Hashable) -> Action | None:
         """An action that ran before must run again (its result was lost): its record, from its annotation.
 
-        Records are dropped once an action leaves processing (no memory per
-        finished action); the annotation is what Dask keeps.
+        Records are dropped once an action finished (memory or erred: no memory
+        per finished action); the annotation is what Dask keeps.
         """
         ts = self.scheduler.tasks.get(key)
         ann = (ts.annotations or {}).get(ANNOTATION) if ts is not None else None
