@@ -555,7 +555,7 @@ def _rollout(client: Any, plan: list[TrajectoryPlan], run: PolicyRun, reward_nam
              progress: Progress) -> None:
     """Every trajectory on its own thread (the stand-in LLM), all at once; returns when all ended."""
     import tangram_dask
-    from .scheduler import begin_trajectory, end_trajectory
+    from .client import begin_trajectory, end_trajectory
 
     lock = threading.Lock()
     errors: list[BaseException] = []

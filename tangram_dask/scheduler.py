@@ -646,16 +646,6 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
 
 # -- client helpers -------------------------------------------------------------------------
-def begin_trajectory(client: Any, trajectory: str) -> Any:
-    """Ask the scheduler to admit a trajectory; returns once admitted (a coroutine on an async client)."""
-    return client.sync(getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER), trajectory=trajectory)
-
-
-def end_trajectory(client: Any, trajectory: str) -> Any:
-    """Tell the scheduler a trajectory is over (its stateful actions have no home any more)."""
-    return client.sync(getattr(client.scheduler, END_TRAJECTORY_HANDLER), trajectory=trajectory)
-
-
 def snapshot(client: Any) -> Any:
     """The scheduler's tangram snapshot (policy pools, replicas, plugin counters)."""
     return client.sync(getattr(client.scheduler, SNAPSHOT_HANDLER))
