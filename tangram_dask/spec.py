@@ -110,7 +110,8 @@ class ActionSpec:
         p = self.parallel_fraction
         if p == 0.0 or k == self.units_min:
             return 1.0
-        return amdahl(self.units_min, p) / amdahl(k, p)
+        q = 1.0 - p  # amdahl(units_min, p) / amdahl(k, p), inlined (millions of calls in the scale run)
+        return (1.0 / (q + p / self.units_min)) / (1.0 / (q + p / k))
 
     def instance(self, hint_s: float | None, trajectory: str | None) -> ActionSpec:
         """A copy with another hint and trajectory, without re-validating the kind's fields.
@@ -118,12 +119,7 @@ class ActionSpec:
         For callers that validated this spec once (the simulator issues ~1M
         actions of a handful of kinds); ``hint_s`` must be a number >= 0 or None.
         """
-        o = _new(ActionSpec)
-        for name in _FIELDS:
-            _set(o, name, getattr(self, name))
-        _set(o, "hint_s", hint_s)
-        _set(o, "trajectory", trajectory)
-        return o
+        return _instance(self, hint_s, trajectory)
 
     # -- wire form (a Dask annotation is a plain dict) -------------------
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +154,25 @@ def _refuse_keys(d: Mapping[Any, Any], fields: Mapping[str, Any]) -> None:
 _new = object.__new__
 _set = object.__setattr__
 _FIELDS = tuple(ActionSpec.__dataclass_fields__)
+
+
+def _instance(self: ActionSpec, hint_s: float | None, trajectory: str | None) -> ActionSpec:
+    """``ActionSpec.instance``, one assignment per field written out (no loop over the fields, no getattr):
+    the simulator copies a spec per action, about a million times in the scale run. A field added to
+    ActionSpec must be added here (``tests/test_spec.py`` checks every field is copied)."""
+    o = _new(ActionSpec)
+    _set(o, "kind", self.kind)
+    _set(o, "resource", self.resource)
+    _set(o, "units_min", self.units_min)
+    _set(o, "units_max", self.units_max)
+    _set(o, "parallel_fraction", self.parallel_fraction)
+    _set(o, "hint_s", hint_s)
+    _set(o, "trajectory", trajectory)
+    _set(o, "model", self.model)
+    _set(o, "affinity", self.affinity)
+    _set(o, "restore_s", self.restore_s)
+    _set(o, "timeout_s", self.timeout_s)
+    return o
 
 
 def make_spec(

@@ -392,3 +392,17 @@ def test_action_annotates_the_tasks_submitted_inside():
     assert ann[tangram_dask.ANNOTATION] == spec.to_dict()
     assert ActionSpec.from_dict(ann["tangram"]) == spec
     assert tangram_dask.ANNOTATION not in dask.get_annotations()
+
+
+def test_instance_copies_every_field():
+    """``instance`` (the simulator's per-action copy) writes each field out by hand: a field added to
+    ActionSpec and forgotten there would come back unset (AttributeError) or stale."""
+    from dataclasses import fields
+
+    base = make_spec("k", "cpu", units=(2, 4), speedup=0.5, hint_s=2.0, trajectory="a",
+                     affinity="trajectory", restore_s=1.5, timeout_s=9.0)
+    copy = base.instance(3.0, "b")
+    for f in fields(ActionSpec):
+        want = {"hint_s": 3.0, "trajectory": "b"}.get(f.name, getattr(base, f.name))
+        assert getattr(copy, f.name) == want, f.name
+    assert copy == ActionSpec.from_dict({**base.to_dict(), "hint_s": 3.0, "trajectory": "b"})

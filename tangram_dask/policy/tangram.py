@@ -216,7 +216,6 @@ class TangramPolicy(Policy):
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
-        self.turn_work = Welford()  # CPU unit-seconds per action at units.max (0 for non-CPU actions)
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
         self.traj_work: dict[str, list[float]] = {}
@@ -296,7 +295,6 @@ class TangramPolicy(Policy):
             u = spec.units_max if self.opt.admission_at_max else spec.units_min
             t_u = est * spec.scale(u)
             self.turn_time.add(t_u)
-            self.turn_work.add(t_u * u if spec.resource == "cpu" else 0.0)
             self.turn_units[spec.resource] += t_u * u
             acc = self.traj_work.get(spec.trajectory)
             if acc is None:
@@ -425,7 +423,7 @@ class TangramPolicy(Policy):
         """
         if self._limit_dirty or self._limit is None:
             max_wait = math.inf
-            if self.gaps.n >= 16 and self.turn_work.n >= 16:
+            if self.gaps.n >= 16 and self.turn_time.n >= 16:
                 cycle = self.gaps.mean + self.turn_time.mean
                 limit = self._admission_limit(cycle)
                 if self.opt.admission_cycles:
@@ -489,11 +487,17 @@ class TangramPolicy(Policy):
         if self.turn_time.n < 16:
             return False
         bound = self.opt.admission_queue * self.turn_time.mean
-        work = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
-        for pool in self.pools.values():
-            work[pool.resource] += pool.qwork
-        caps = {"cpu": self.cpu.slots, "gpu": self.gpu.total, "api": self.api.total}
-        return any(work[r] > bound * caps[r] for r in work if caps[r] > 0)
+        cpu = gpu = api = 0.0
+        for pool in self.pools.values():  # a few pools (CPU, API, one per model): no dict per pass
+            r = pool.resource
+            if r == "cpu":
+                cpu += pool.qwork
+            elif r == "gpu":
+                gpu += pool.qwork
+            else:
+                api += pool.qwork
+        return any(work > bound * cap for work, cap in ((cpu, self.cpu.slots), (gpu, self.gpu.total),
+                                                        (api, self.api.total)) if cap > 0)
 
     def _admission_limit(self, cycle: float) -> float:
         """Trajectories in flight at which some resource reaches ``admission`` x its capacity.
@@ -504,20 +508,24 @@ class TangramPolicy(Policy):
         workload saturates GPUs long before CPU slots, and past that point more
         trajectories in flight only queue at the reward models.
         """
-        caps = {"cpu": self.opt.admission * self.cpu.slots}
-        if self.opt.admission_gpu:
-            caps["gpu"] = self.opt.admission_gpu * self.gpu.total
-            caps["api"] = self.opt.admission_gpu * self.api.total
-        if self.opt.admission_gpu and self.ended_n >= max(self.opt.admission_warmup, 8):
+        opt = self.opt
+        if opt.admission_gpu and self.ended_n >= max(opt.admission_warmup, 8):
             # whole trajectories, their last action (the reward) included: what one in flight asks of each resource
-            n = max(self.ended_work[4], 1.0)
-            cycle = self.gaps.mean + self.ended_work[3] / n
-            per = {r: self.ended_work[i] / n for r, i in _RES.items()}
+            w = self.ended_work
+            n = max(w[4], 1.0)
+            cycle = self.gaps.mean + w[3] / n
+            per = (w[0] / n, w[1] / n, w[2] / n)
         else:
-            per = {r: x / max(self.turn_time.n, 1) for r, x in self.turn_units.items()}
+            n = max(self.turn_time.n, 1)
+            u = self.turn_units
+            per = (u["cpu"] / n, u["gpu"] / n, u["api"] / n)
+        caps = (opt.admission * self.cpu.slots,
+                opt.admission_gpu * self.gpu.total if opt.admission_gpu else 0.0,
+                opt.admission_gpu * self.api.total if opt.admission_gpu else 0.0)
+        cycle = max(cycle, 1e-6)
         limit = math.inf
-        for res, cap in caps.items():
-            demand = per[res] / max(cycle, 1e-6)
+        for x, cap in zip(per, caps):  # recomputed after every submission: tuples, not dicts
+            demand = x / cycle
             if demand > 0 and cap > 0:
                 limit = min(limit, cap / demand)
         if limit == math.inf:
@@ -674,7 +682,7 @@ class TangramPolicy(Policy):
         w = self.ests.get(spec.kind)
         if w is None or w.n < 8 or spec.units_max == spec.units_min:
             return False
-        return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.var)
+        return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.m2 / (w.n - 1))  # w.var, inlined
 
     def _expected_wait(self, slots: int, now: float) -> float:
         """Seconds until ``slots`` more slots free up on one node, from the observed release rate."""
