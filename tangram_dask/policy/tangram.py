@@ -56,6 +56,7 @@ class TangramOptions:
     aging: float = 1.0          # priority gained per second waited, in seconds of est work
     price: float = 0.5          # price of a unit-second at occupancy rho is price * rho / (1 - rho)
     horizon_s: float = 30.0     # time constant of the observed slot-release rate and of each model's demand
+                                # (at least the model's load_s for its demand)
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
@@ -240,7 +241,8 @@ class TangramPolicy(Policy):
         name = spec.model if spec.resource == "gpu" else spec.resource
         p = self.pools.get(name)
         if p is None:
-            p = self.pools[name] = Pool(name, "gpu", self.opt.horizon_s)
+            # a replica pays back only after its load: a burst shorter than load_s is not demand for one
+            p = self.pools[name] = Pool(name, "gpu", max(self.opt.horizon_s, self.models[name].load_s))
         return p
 
     # -- trajectories ---------------------------------------------------------
