@@ -900,9 +900,13 @@ class TangramPolicy(Policy):
                     order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
                     order = [rid for rid in order if self._evictable(rid, waiting)]
                     plan = gp.eviction_plan(name, gpus, share, order)
+                    if plan is not None and self.opt.residency:
+                        stalls = self._stalls(cands, plan)
+                        if stalls and not self._loader_starved:
+                            plan = None  # it would block another model's only replica for the whole load
                     if plan is not None:
                         if self.opt.residency:
-                            score = (self._contention(cands, plan), len(plan))
+                            score = (stalls, self._contention(cands, plan), len(plan))
                             if best is None or score < best[0]:
                                 best = (score, name, gpus, plan)
                         else:
@@ -936,6 +940,25 @@ class TangramPolicy(Policy):
             m = gp.replicas[rid].model
             out += min(1.0, self._needed(m, self._now) / max(len(gp.by_model[m]), 1))
         return round(out, 6)
+
+    def _stalls(self, cands: set[ReplicaId], plan: list[ReplicaId]) -> int:
+        """Models with demand whose only replica stays on the chosen GPUs.
+
+        A load holds its GPUs for ``load_s``, and a GPU runs one thing at a time: every replica
+        that stays there is blocked meanwhile. For a model with other replicas that is contention;
+        for a model whose only replica it is, none of its actions can run for the whole load (on
+        an 8-GPU cluster the 8B judge's one replica sat beside a 140 GB judge's 100 s load, and its
+        actions waited up to 103 s). Such a site is used only by a model with no replica at all.
+        """
+        gp = self.gpu
+        out = 0
+        for rid in cands:
+            if rid in plan:
+                continue
+            m = gp.replicas[rid].model
+            if len(gp.by_model[m]) == 1 and self._needed(m, self._now) > 0:
+                out += 1
+        return out
 
     def _spanning_site(self, model: str, spec: ActionSpec, waiting: set[str]) -> tuple | None:
         """A replica too large for any topology group spans groups (and pays the slowdown)."""
