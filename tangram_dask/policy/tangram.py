@@ -887,8 +887,7 @@ class TangramPolicy(Policy):
         self._loader_density = self._density(model)
         self._loader_starved = not gp.by_model.get(model)
         best = None
-        for name, st in gp.nodes.items():
-            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+        for name, st, k in self._replica_shapes(ms, spec):
             share = ms.gpu_memory_gb / k
             start = 0
             for g, size in enumerate(st.spec.groups):
@@ -906,7 +905,7 @@ class TangramPolicy(Policy):
                             plan = None  # it would block another model's only replica for the whole load
                     if plan is not None:
                         if self.opt.residency:
-                            score = (stalls, self._contention(cands, plan), len(plan))
+                            score = (stalls, len(plan), self._contention(cands, plan), -k)
                             if best is None or score < best[0]:
                                 best = (score, name, gpus, plan)
                         else:
@@ -919,6 +918,21 @@ class TangramPolicy(Policy):
         if best is None:
             best = self._spanning_site(model, spec, waiting)
         return None if best is None else best[1:]
+
+    def _replica_shapes(self, ms, spec: ActionSpec):
+        """(node, state, GPUs per replica) to try: the smallest replica that fits the node's GPUs and,
+        with ``residency``, also one of ``units.max`` GPUs (elastic replica size, within one group).
+
+        ``_load_site`` ranks the sites of both sizes alike: no stalled model, fewest evictions, least
+        contention, then the larger replica. So a replica grows only onto GPUs that cost nothing
+        more than the smallest site would (memory free without evicting more, beside replicas no
+        busier): its actions then run on more units (ideal ACT is measured at ``units.max``).
+        """
+        for name, st in self.gpu.nodes.items():
+            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+            yield name, st, k
+            if self.opt.residency and spec.units_max > k:
+                yield name, st, spec.units_max
 
     def _unseen_deployed(self, model: str) -> bool:
         """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come
