@@ -826,14 +826,18 @@ class TangramPolicy(Policy):
         pool.rmin += p.spec.units_min
 
     def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
+        """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
+        replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
+        extra GPUs would do nothing). O(ready replicas of the model)."""
         gp = self.gpu
         best, best_k = None, 0
         for rid in gp.ready.get(model, ()):
             k = len(gp.replicas[rid].gpus)
-            if spec.units_min <= k <= spec.units_max:
-                return rid
-            if k >= spec.units_min and (best is None or k < best_k):
-                best, best_k = rid, k
+            if k < spec.units_min:
+                continue
+            key = k if k <= spec.units_max else -k
+            if best is None or key > best_k:
+                best, best_k = rid, key
         return best
 
     def _should_load(self, pool: Pool, now: float) -> bool:
