@@ -236,6 +236,7 @@ class TangramPolicy(Policy):
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
+        self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -327,6 +328,12 @@ class TangramPolicy(Policy):
         self._released(r)
         if r.spec.resource == "cpu":
             self.release_rate.add(now, r.units)
+        if self._unpaid and r.replica in self._unpaid and run_s:
+            owed = self._unpaid[r.replica] - run_s
+            if owed > 0:
+                self._unpaid[r.replica] = owed
+            else:
+                del self._unpaid[r.replica]
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
 
@@ -822,6 +829,10 @@ class TangramPolicy(Policy):
                         out: list[Decision]) -> None:
         node, gpus, evict = site
         rid = self._load(pool.name, node, gpus, evict, now)
+        for old in evict:
+            self._unpaid.pop(old, None)
+        if self.opt.residency:
+            self._unpaid[rid] = self.models[pool.name].load_s
         out.append(self._start_gpu(aid, p.spec, rid, now, p.est, load=True, evict=tuple(evict)))
         pool.rmin += p.spec.units_min
 
@@ -1020,7 +1031,9 @@ class TangramPolicy(Policy):
         when it has no waiters itself: so a model that cannot load is never
         stuck behind idle replicas nobody waits for. A model deployed before
         the step whose actions were not seen yet is kept until 8 trajectories
-        have ended (rewards come last).
+        have ended (rewards come last). A replica this policy loaded is kept
+        until it has served as many seconds of work as its load took (the
+        load is paid back), unless a model with no replica at all needs it.
         """
         r = self.gpu.replicas[rid]
         if r.busy:
@@ -1030,6 +1043,8 @@ class TangramPolicy(Policy):
             return False
         if not self.opt.residency:
             return True
+        if rid in self._unpaid and not self._loader_starved:
+            return False  # loaded here and not paid back yet: it has served less work than its load took
         if ((r.model not in self.pools or self._unseen_deployed(r.model)) and self.traj_n < 8
                 and not self._loader_starved):
             return False  # deployed for demand not seen yet (rewards come last): keep it until trajectories end
