@@ -355,6 +355,25 @@ def test_an_action_takes_the_largest_ready_replica_within_units_max():
     assert starts[0].gpus == (1, 2) and starts[1].gpus == (0,)
 
 
+def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
+    """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
+    wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s
+    of work (its load paid back), and only then makes room."""
+    pol = _gpu_case((1, 1), {"judge": (60.0, 10.0), "prm": (30.0, 20.0)}, [("judge", (1,))])
+    pol.submit(0, _gpu_action("prm", 0, hint=5.0), 0.0)
+    (start,) = pol.schedule(0.0)
+    assert start.load and start.gpus == (0,)
+    pol.finish(0, 1.0, 5.0)
+    for i in range(1, 9):
+        pol.submit(i, _gpu_action("judge", i, hint=10.0), 2.0)
+    assert [(d.gpus, d.load) for d in pol.schedule(2.0)] == [((1,), False)]  # no room made yet
+    pol.submit(9, _gpu_action("prm", 9, hint=15.0), 3.0)
+    assert [(d.action, d.gpus) for d in pol.schedule(3.0)] == [(9, (0,))]
+    pol.finish(9, 18.0, 15.0)  # 20 s served: paid back
+    (start,) = pol.schedule(18.0)
+    assert start.load and start.gpus == (0,) and len(start.evict) == 1
+
+
 def test_admission_counts_gpu_demand_when_gpus_saturate_first():
     """A GPU-only workload: CPU demand never gates it, GPU demand does. 16 trajectories (one per CPU
     slot, nothing learned yet) each issue a 2 s GPU action after a 4 s gap, and end. Demand per
