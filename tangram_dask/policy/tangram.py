@@ -14,10 +14,15 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    node with the most free slots. A GPU action takes a ready replica of its
    model inside one topology group, or a new replica when the work it would
    find on arrival (queued plus the model's recent demand during the load)
-   outlasts what the replicas can do meanwhile (``_should_load``). Residency
-   follows demand: a replica its model's demand needs is kept (``_evictable``),
-   and a new one goes where the replicas beside it are least busy
-   (``_contention``).
+   outlasts what the replicas can do meanwhile (``_should_load``; demand over
+   a time constant of at least the model's ``load_s``). Residency follows
+   demand: a replica its model's demand needs is kept (``_evictable``), and so
+   is one tangram loaded until it has served as much work as its load took;
+   a new one never blocks another model's only replica for its load
+   (``_stalls``), goes where the fewest evictions and the least busy
+   neighbours are (``_contention``), and takes ``units.max`` GPUs of the
+   group where that costs nothing more (``_replica_shapes``); an action
+   takes the largest ready replica within its ``units.max``.
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
