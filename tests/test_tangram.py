@@ -301,6 +301,79 @@ def test_a_steady_arrival_rate_gets_a_replica_before_its_queue_outlasts_a_load()
     assert loads_in_15_s(1) == 1
 
 
+def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy.types import ReplicaSpec
+
+    cluster = ClusterSpec("g", (), (GpuNode("gpu-0", sum(groups), 80.0, groups),), 2.0, 0)
+    return TangramPolicy(cluster, {m: ModelSpec(m, gb, load_s) for m, (gb, load_s) in models.items()},
+                         [ReplicaSpec(m, "gpu-0", gpus) for m, gpus in replicas], options=options)
+
+
+def _gpu_action(model: str, i: int, units: tuple[int, int] = (1, 1), hint: float = 1.0):
+    from tangram_dask.spec import ActionSpec
+
+    return ActionSpec(f"{model}_call", "gpu", units[0], units[1], 0.8, hint, f"t{i}", model)
+
+
+@pytest.mark.parametrize("residency, where", [(1, (2, 3)), (0, (0, 1))])
+def test_a_load_does_not_stall_another_models_only_replica(residency, where):
+    """A load holds its GPUs for load_s, and a GPU runs one thing at a time. GPUs 0-1 hold the
+    judge's only replica (GPU 0), GPUs 2-3 two prm replicas. A vision judge's 2-GPU load beside
+    the prm replicas blocks one of two; beside the judge it would block the judge for the whole
+    load, although the judge is the less busy of the two (lower contention)."""
+    pol = _gpu_case((2, 2), {"judge": (16.0, 25.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
+                    [("judge", (0,)), ("prm", (2,)), ("prm", (3,))], TangramOptions(residency=residency))
+    pol.submit(0, _gpu_action("judge", 0), 0.0)
+    pol.submit(1, _gpu_action("prm", 1), 0.0)
+    pol.submit(2, _gpu_action("prm", 2), 0.0)
+    assert len(pol.schedule(0.0)) == 3
+    for aid in range(3):
+        pol.finish(aid, 1.0, 1.0)
+    pol.submit(3, _gpu_action("vlm", 3, (2, 2)), 2.0)
+    (start,) = pol.schedule(2.0)
+    assert start.load and start.gpus == where
+
+
+@pytest.mark.parametrize("residency, gpus", [(1, (0, 1)), (0, (0,))])
+def test_a_replica_grows_to_units_max_where_that_costs_nothing_more(residency, gpus):
+    """Two idle, empty GPUs in one group: a prm replica (units 1..2) takes both (its actions run on
+    2 units, their ideal); without residency planning, the fewest GPUs that hold it."""
+    pol = _gpu_case((2,), {"prm": (30.0, 30.0)}, [], TangramOptions(residency=residency))
+    pol.submit(0, _gpu_action("prm", 0, (1, 2)), 0.0)
+    (start,) = pol.schedule(0.0)
+    assert start.load and start.gpus == gpus and start.units == len(gpus)
+
+
+def test_an_action_takes_the_largest_ready_replica_within_units_max():
+    """prm replicas of 1 GPU (GPU 0), 2 GPUs (1-2) and 3 GPUs (3-5); an action of units 1..2 runs on
+    the 2-GPU one (fastest within units.max), one of units 1..1 on the 1-GPU one (the smallest past it)."""
+    pol = _gpu_case((6,), {"prm": (12.0, 30.0)}, [("prm", (0,)), ("prm", (1, 2)), ("prm", (3, 4, 5))])
+    pol.submit(0, _gpu_action("prm", 0, (1, 2)), 0.0)
+    pol.submit(1, _gpu_action("prm", 1, (1, 1)), 0.0)
+    starts = {d.action: d for d in pol.schedule(0.0)}
+    assert starts[0].gpus == (1, 2) and starts[1].gpus == (0,)
+
+
+def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
+    """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
+    wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s
+    of work (its load paid back), and only then makes room."""
+    pol = _gpu_case((1, 1), {"judge": (60.0, 10.0), "prm": (30.0, 20.0)}, [("judge", (1,))])
+    pol.submit(0, _gpu_action("prm", 0, hint=5.0), 0.0)
+    (start,) = pol.schedule(0.0)
+    assert start.load and start.gpus == (0,)
+    pol.finish(0, 1.0, 5.0)
+    for i in range(1, 9):
+        pol.submit(i, _gpu_action("judge", i, hint=10.0), 2.0)
+    assert [(d.gpus, d.load) for d in pol.schedule(2.0)] == [((1,), False)]  # no room made yet
+    pol.submit(9, _gpu_action("prm", 9, hint=15.0), 3.0)
+    assert [(d.action, d.gpus) for d in pol.schedule(3.0)] == [(9, (0,))]
+    pol.finish(9, 18.0, 15.0)  # 20 s served: paid back
+    (start,) = pol.schedule(18.0)
+    assert start.load and start.gpus == (0,) and len(start.evict) == 1
+
+
 def test_admission_counts_gpu_demand_when_gpus_saturate_first():
     """A GPU-only workload: CPU demand never gates it, GPU demand does. 16 trajectories (one per CPU
     slot, nothing learned yet) each issue a 2 s GPU action after a 4 s gap, and end. Demand per

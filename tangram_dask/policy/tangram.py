@@ -14,10 +14,15 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    node with the most free slots. A GPU action takes a ready replica of its
    model inside one topology group, or a new replica when the work it would
    find on arrival (queued plus the model's recent demand during the load)
-   outlasts what the replicas can do meanwhile (``_should_load``). Residency
-   follows demand: a replica its model's demand needs is kept (``_evictable``),
-   and a new one goes where the replicas beside it are least busy
-   (``_contention``).
+   outlasts what the replicas can do meanwhile (``_should_load``; demand over
+   a time constant of at least the model's ``load_s``). Residency follows
+   demand: a replica its model's demand needs is kept (``_evictable``), and so
+   is one tangram loaded until it has served as much work as its load took;
+   a new one never blocks another model's only replica for its load
+   (``_stalls``), goes where the fewest evictions and the least busy
+   neighbours are (``_contention``), and takes ``units.max`` GPUs of the
+   group where that costs nothing more (``_replica_shapes``); an action
+   takes the largest ready replica within its ``units.max``.
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
@@ -56,6 +61,7 @@ class TangramOptions:
     aging: float = 1.0          # priority gained per second waited, in seconds of est work
     price: float = 0.5          # price of a unit-second at occupancy rho is price * rho / (1 - rho)
     horizon_s: float = 30.0     # time constant of the observed slot-release rate and of each model's demand
+                                # (at least the model's load_s for its demand)
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
@@ -234,12 +240,14 @@ class TangramPolicy(Policy):
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
+        self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
         p = self.pools.get(name)
         if p is None:
-            p = self.pools[name] = Pool(name, "gpu", self.opt.horizon_s)
+            # a replica pays back only after its load: a burst shorter than load_s is not demand for one
+            p = self.pools[name] = Pool(name, "gpu", max(self.opt.horizon_s, self.models[name].load_s))
         return p
 
     # -- trajectories ---------------------------------------------------------
@@ -323,6 +331,12 @@ class TangramPolicy(Policy):
         self._released(r)
         if r.spec.resource == "cpu":
             self.release_rate.add(now, r.units)
+        if self._unpaid and r.replica in self._unpaid and run_s:
+            owed = self._unpaid[r.replica] - run_s
+            if owed > 0:
+                self._unpaid[r.replica] = owed
+            else:
+                del self._unpaid[r.replica]
         if run_s is not None and run_s > 0:
             self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
 
@@ -828,18 +842,26 @@ class TangramPolicy(Policy):
                         out: list[Decision]) -> None:
         node, gpus, evict = site
         rid = self._load(pool.name, node, gpus, evict, now)
+        for old in evict:
+            self._unpaid.pop(old, None)
+        if self.opt.residency:
+            self._unpaid[rid] = self.models[pool.name].load_s
         out.append(self._start_gpu(aid, p.spec, rid, now, p.est, load=True, evict=tuple(evict)))
         pool.rmin += p.spec.units_min
 
     def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
+        """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
+        replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
+        extra GPUs would do nothing). O(ready replicas of the model)."""
         gp = self.gpu
         best, best_k = None, 0
         for rid in gp.ready.get(model, ()):
             k = len(gp.replicas[rid].gpus)
-            if spec.units_min <= k <= spec.units_max:
-                return rid
-            if k >= spec.units_min and (best is None or k < best_k):
-                best, best_k = rid, k
+            if k < spec.units_min:
+                continue
+            key = k if k <= spec.units_max else -k
+            if best is None or key > best_k:
+                best, best_k = rid, key
         return best
 
     def _should_load(self, pool: Pool, now: float) -> bool:
@@ -893,8 +915,7 @@ class TangramPolicy(Policy):
         self._loader_density = self._density(model)
         self._loader_starved = not gp.by_model.get(model)
         best = None
-        for name, st in gp.nodes.items():
-            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+        for name, st, k in self._replica_shapes(ms, spec):
             share = ms.gpu_memory_gb / k
             start = 0
             for g, size in enumerate(st.spec.groups):
@@ -906,9 +927,13 @@ class TangramPolicy(Policy):
                     order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
                     order = [rid for rid in order if self._evictable(rid, waiting)]
                     plan = gp.eviction_plan(name, gpus, share, order)
+                    if plan is not None and self.opt.residency:
+                        stalls = self._stalls(cands, plan)
+                        if stalls and not self._loader_starved:
+                            plan = None  # it would block another model's only replica for the whole load
                     if plan is not None:
                         if self.opt.residency:
-                            score = (self._contention(cands, plan), len(plan))
+                            score = (stalls, len(plan), self._contention(cands, plan), -k)
                             if best is None or score < best[0]:
                                 best = (score, name, gpus, plan)
                         else:
@@ -921,6 +946,21 @@ class TangramPolicy(Policy):
         if best is None:
             best = self._spanning_site(model, spec, waiting)
         return None if best is None else best[1:]
+
+    def _replica_shapes(self, ms, spec: ActionSpec):
+        """(node, state, GPUs per replica) to try: the smallest replica that fits the node's GPUs and,
+        with ``residency``, also one of ``units.max`` GPUs (elastic replica size, within one group).
+
+        ``_load_site`` ranks the sites of both sizes alike: no stalled model, fewest evictions, least
+        contention, then the larger replica. So a replica grows only onto GPUs that cost nothing
+        more than the smallest site would (memory free without evicting more, beside replicas no
+        busier): its actions then run on more units (ideal ACT is measured at ``units.max``).
+        """
+        for name, st in self.gpu.nodes.items():
+            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+            yield name, st, k
+            if self.opt.residency and spec.units_max > k:
+                yield name, st, spec.units_max
 
     def _unseen_deployed(self, model: str) -> bool:
         """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come
@@ -942,6 +982,25 @@ class TangramPolicy(Policy):
             m = gp.replicas[rid].model
             out += min(1.0, self._needed(m, self._now) / max(len(gp.by_model[m]), 1))
         return round(out, 6)
+
+    def _stalls(self, cands: set[ReplicaId], plan: list[ReplicaId]) -> int:
+        """Models with demand whose only replica stays on the chosen GPUs.
+
+        A load holds its GPUs for ``load_s``, and a GPU runs one thing at a time: every replica
+        that stays there is blocked meanwhile. For a model with other replicas that is contention;
+        for a model whose only replica it is, none of its actions can run for the whole load (on
+        an 8-GPU cluster the 8B judge's one replica sat beside a 140 GB judge's 100 s load, and its
+        actions waited up to 103 s). Such a site is used only by a model with no replica at all.
+        """
+        gp = self.gpu
+        out = 0
+        for rid in cands:
+            if rid in plan:
+                continue
+            m = gp.replicas[rid].model
+            if len(gp.by_model[m]) == 1 and self._needed(m, self._now) > 0:
+                out += 1
+        return out
 
     def _spanning_site(self, model: str, spec: ActionSpec, waiting: set[str]) -> tuple | None:
         """A replica too large for any topology group spans groups (and pays the slowdown)."""
@@ -985,7 +1044,9 @@ class TangramPolicy(Policy):
         when it has no waiters itself: so a model that cannot load is never
         stuck behind idle replicas nobody waits for. A model deployed before
         the step whose actions were not seen yet is kept until 8 trajectories
-        have ended (rewards come last).
+        have ended (rewards come last). A replica this policy loaded is kept
+        until it has served as many seconds of work as its load took (the
+        load is paid back), unless a model with no replica at all needs it.
         """
         r = self.gpu.replicas[rid]
         if r.busy:
@@ -995,6 +1056,8 @@ class TangramPolicy(Policy):
             return False
         if not self.opt.residency:
             return True
+        if rid in self._unpaid and not self._loader_starved:
+            return False  # loaded here and not paid back yet: it has served less work than its load took
         if ((r.model not in self.pools or self._unseen_deployed(r.model)) and self.traj_n < 8
                 and not self._loader_starved):
             return False  # deployed for demand not seen yet (rewards come last): keep it until trajectories end
