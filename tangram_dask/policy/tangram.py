@@ -212,6 +212,7 @@ class TangramPolicy(Policy):
         self.freed_res: dict[str, None] = {}  # reserved nodes where slots were freed
         self.res_deadlines: list[tuple[float, int, str, ActionId]] = []
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
+        self.all_ests = Welford()  # the same, every kind together (_elephant, until a kind has 8)
         # trajectory -> when it asked; an OrderedDict: a plain dict's first item costs O(deleted) to reach
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
@@ -309,6 +310,7 @@ class TangramPolicy(Policy):
             if w is None:
                 w = self.ests[spec.kind] = Welford()
             w.add(math.log(est))
+            self.all_ests.add(math.log(est))
         self.pool(spec).demand.add(now, est)
         self._enqueue(aid, Pending(spec, est, now))
 
@@ -671,9 +673,13 @@ class TangramPolicy(Policy):
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
         """In the top tail of its kind: long enough to set the step's end on its own."""
-        w = self.ests.get(spec.kind)
-        if w is None or w.n < 8 or spec.units_max == spec.units_min:
+        if spec.units_max == spec.units_min or est <= 0:
             return False
+        w = self.ests.get(spec.kind)
+        if w is None or w.n < 8:
+            w = self.all_ests  # too few of its kind yet: against every estimate made so far
+            if w.n < 8:
+                return False
         return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.var)
 
     def _expected_wait(self, slots: int, now: float) -> float:
