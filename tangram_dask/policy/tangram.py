@@ -69,6 +69,8 @@ class TangramOptions:
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
     admit_tail: float = 0.15    # >0: in warm-up, admit all who wait once they are at most this x those in flight
     idle_admit: float = 0.25    # >0: in warm-up, one past the limit per this x a turn cycle while all is idle
+    admission_issued: float = 0.0  # >0: CPU demand over every action issued (not those ended) kept under this x slots
+    admission_ramp: float = 0.0  # >0: until learned, 16 at first, then this x those in flight more; none while any queue
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -425,9 +427,10 @@ class TangramPolicy(Policy):
         end or a capacity change touched them (``_limit_dirty``), not on every
         pass. The queue check runs only when the limit would admit someone.
         """
+        learned = self.gaps.n >= 16 and self.turn_work.n >= 16
         if self._limit_dirty or self._limit is None:
             max_wait = math.inf
-            if self.gaps.n >= 16 and self.turn_work.n >= 16:
+            if learned:
                 cycle = self.gaps.mean + self.turn_time.mean
                 limit = self._admission_limit(cycle)
                 if self.opt.admission_cycles:
@@ -442,6 +445,8 @@ class TangramPolicy(Policy):
         elif self.active >= limit and self.opt.idle_admit and self._idle(now):
             limit = self.active + 1
             self._idle_at = now
+        if self.opt.admission_ramp and self.active < limit and not learned:
+            limit = self._ramp(limit)
         if (self.opt.admit_tail and self.ended_n < self.opt.admission_warmup
                 and len(self.admission_queue) <= self.opt.admit_tail * self.active):
             limit = math.inf
@@ -454,6 +459,18 @@ class TangramPolicy(Policy):
             self.fresh.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
+
+    def _ramp(self, limit: float) -> float:
+        """Before 16 actions were seen (``admission_ramp``): the limit of one trajectory per CPU slot
+        is a guess, made before anything says which resources trajectories use. Admit 16 (enough to
+        learn from), then ``admission_ramp`` x those in flight more once the previous ones have issued
+        their first action, and nobody while an action waits anywhere: on a GPU-bound step of 48
+        trajectories, 32 admitted at once queued 0-40 s behind one replica of a process reward model.
+        """
+        if any(pool.qmin for pool in self.pools.values()):
+            return self.active
+        grow = self.active * (1.0 + self.opt.admission_ramp) - len(self.fresh)
+        return min(limit, max(16.0, grow))
 
     def _idle(self, now: float) -> bool:
         """Before ``admission_warmup`` trajectories have ended: one more trajectory past the limit
@@ -517,9 +534,19 @@ class TangramPolicy(Policy):
             per = {r: self.ended_work[i] / n for r, i in _RES.items()}
         else:
             per = {r: x / max(self.turn_time.n, 1) for r, x in self.turn_units.items()}
+        cycles = dict.fromkeys(caps, cycle)
+        if self.opt.admission_issued:
+            caps["cpu"] = self.opt.admission_issued * self.cpu.slots
+            # The trajectories that ended first are the short ones: their tool work per action is
+            # biased low (their reward is a larger share of it, their long actions had no time to be
+            # issued). Every issued action, in flight or ended, says it without that bias.
+            per_issued = max(self.turn_time.n, 1)
+            for res in ("cpu", "api"):
+                per[res] = self.turn_units[res] / per_issued
+                cycles[res] = self.gaps.mean + self.turn_time.mean
         limit = math.inf
         for res, cap in caps.items():
-            demand = per[res] / max(cycle, 1e-6)
+            demand = per[res] / max(cycles[res], 1e-6)
             if demand > 0 and cap > 0:
                 limit = min(limit, cap / demand)
         if limit == math.inf:
