@@ -389,3 +389,20 @@ def test_an_elephant_is_told_before_its_kind_has_8_estimates():
     t, start = run.starts()[16]
     assert start.units == 8 and t == approx(4.0)
     assert run.act[16] == approx(2.5 + 500 * (0.1 + 0.9 / 8))
+
+
+def test_admission_ramp_opens_with_16_trajectories():
+    """``admission_ramp`` (opt-in): before 16 actions are seen, 16 trajectories at first, where the default
+    opens with one per CPU slot (32 here); audited, with ``admission_issued`` too, every action runs."""
+    import dataclasses
+
+    from tangram_dask.workload import generate
+
+    spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), trajectories=48)
+    gen = generate(spec)
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    ramp = simulate(gen, cl, "tangram", options=TangramOptions(admission_ramp=1.0, admission_issued=0.3))
+    plain = simulate(gen, cl, "tangram")
+    assert sum(t == 0.0 for t, _ in ramp.admits()) == 16
+    assert sum(t == 0.0 for t, _ in plain.admits()) == 32
+    assert len(ramp.starts()) == len(gen.kind)
