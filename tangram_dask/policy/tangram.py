@@ -70,7 +70,7 @@ class TangramOptions:
     admit_tail: float = 0.15    # >0: in warm-up, admit all who wait once they are at most this x those in flight
     idle_admit: float = 0.25    # >0: in warm-up, one past the limit per this x a turn cycle while all is idle
     admission_issued: float = 0.0  # >0: CPU demand over every action issued (not those ended) kept under this x slots
-    admission_ramp: float = 0.0  # >0: until learned, 16 at first, then this x those in flight more; none while any queue
+    admission_ramp: float = 0.0  # >0: until learned, 16 first, then this x those in flight more; none while any queue
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
