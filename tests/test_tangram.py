@@ -445,3 +445,37 @@ def test_small_step_of_mostly_idle_trajectories_does_not_wait_for_the_warm_up():
     assert old["step_s"] > 2 * fifo["step_s"]
     assert new["step_s"] < 1.02 * fifo["step_s"]
     assert new["act_mean_s"] < 0.7 * fifo["act_mean_s"]
+
+
+def test_an_elephant_is_told_before_its_kind_has_8_estimates():
+    """One node of 8 slots. At t=1 eight short code runs start (four end by 1.4 s, four hold their
+    slot until 4 s); at t=1.5 the first test run of its kind is issued with a 500 s hint, 4 slots
+    free. Its kind has one estimate, so it is judged against the estimates of every kind (log 500
+    is 2 sd above them): it reserves the node and starts on 8 slots at 4 s (500 x S(8) = 106 s)
+    rather than on the 4 free ones at once (500 x S(4) = 162.5 s)."""
+    wl = make_workload([kind("c"), kind("T", units=(1, 8), p=0.9)], [kind("rw", "api", dur=0.1)],
+                       trajectories=9)
+    short = [0.1, 0.2, 0.3, 0.4, 3.0, 3.0, 3.0, 3.0]
+    gen = hand_run(wl, [[(1.0, "c", d), (0.0, "rw", 0.1)] for d in short]
+                   + [[(1.5, "T", 500.0), (0.0, "rw", 0.1)]])
+    run = simulate(gen, make_cluster(cpu=[{"slots": 8}], tokens=9), "tangram", options=TangramOptions(admission=0))
+    t, start = run.starts()[16]
+    assert start.units == 8 and t == approx(4.0)
+    assert run.act[16] == approx(2.5 + 500 * (0.1 + 0.9 / 8))
+
+
+def test_admission_ramp_opens_with_16_trajectories():
+    """``admission_ramp`` (opt-in): before 16 actions are seen, 16 trajectories at first, where the default
+    opens with one per CPU slot (32 here); audited, with ``admission_issued`` too, every action runs."""
+    import dataclasses
+
+    from tangram_dask.workload import generate
+
+    spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), trajectories=48)
+    gen = generate(spec)
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    ramp = simulate(gen, cl, "tangram", options=TangramOptions(admission_ramp=1.0, admission_issued=0.3))
+    plain = simulate(gen, cl, "tangram")
+    assert sum(t == 0.0 for t, _ in ramp.admits()) == 16
+    assert sum(t == 0.0 for t, _ in plain.admits()) == 32
+    assert len(ramp.starts()) == len(gen.kind)

@@ -75,6 +75,8 @@ class TangramOptions:
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
     admit_tail: float = 0.15    # >0: in warm-up, admit all who wait once they are at most this x those in flight
     idle_admit: float = 0.25    # >0: in warm-up, one past the limit per this x a turn cycle while all is idle
+    admission_issued: float = 0.0  # >0: CPU demand over every action issued (not those ended) kept under this x slots
+    admission_ramp: float = 0.0  # >0: until learned, 16 first, then this x those in flight more; none while any queue
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -218,6 +220,7 @@ class TangramPolicy(Policy):
         self.freed_res: dict[str, None] = {}  # reserved nodes where slots were freed
         self.res_deadlines: list[tuple[float, int, str, ActionId]] = []
         self.ests: dict[str, Welford] = {}  # per kind: log of the estimates made at submission
+        self.all_ests = Welford()  # the same, every kind together (_elephant, until a kind has 8)
         # trajectory -> when it asked; an OrderedDict: a plain dict's first item costs O(deleted) to reach
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
@@ -315,6 +318,7 @@ class TangramPolicy(Policy):
             if w is None:
                 w = self.ests[spec.kind] = Welford()
             w.add(math.log(est))
+            self.all_ests.add(math.log(est))
         self.pool(spec).demand.add(now, est)
         self._enqueue(aid, Pending(spec, est, now))
 
@@ -435,9 +439,10 @@ class TangramPolicy(Policy):
         end or a capacity change touched them (``_limit_dirty``), not on every
         pass. The queue check runs only when the limit would admit someone.
         """
+        learned = self.gaps.n >= 16 and self.turn_time.n >= 16
         if self._limit_dirty or self._limit is None:
             max_wait = math.inf
-            if self.gaps.n >= 16 and self.turn_time.n >= 16:
+            if learned:
                 cycle = self.gaps.mean + self.turn_time.mean
                 limit = self._admission_limit(cycle)
                 if self.opt.admission_cycles:
@@ -452,6 +457,8 @@ class TangramPolicy(Policy):
         elif self.active >= limit and self.opt.idle_admit and self._idle(now):
             limit = self.active + 1
             self._idle_at = now
+        if self.opt.admission_ramp and self.active < limit and not learned:
+            limit = self._ramp(limit)
         if (self.opt.admit_tail and self.ended_n < self.opt.admission_warmup
                 and len(self.admission_queue) <= self.opt.admit_tail * self.active):
             limit = math.inf
@@ -464,6 +471,18 @@ class TangramPolicy(Policy):
             self.fresh.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
+
+    def _ramp(self, limit: float) -> float:
+        """Before 16 actions were seen (``admission_ramp``): the limit of one trajectory per CPU slot
+        is a guess, made before anything says which resources trajectories use. Admit 16 (enough to
+        learn from), then ``admission_ramp`` x those in flight more once the previous ones have issued
+        their first action, and nobody while an action waits anywhere: on a GPU-bound step of 48
+        trajectories, 32 admitted at once queued 0-40 s behind one replica of a process reward model.
+        """
+        if any(pool.qmin for pool in self.pools.values()):
+            return self.active
+        grow = self.active * (1.0 + self.opt.admission_ramp) - len(self.fresh)
+        return min(limit, max(16.0, grow))
 
     def _idle(self, now: float) -> bool:
         """Before ``admission_warmup`` trajectories have ended: one more trajectory past the limit
@@ -528,18 +547,27 @@ class TangramPolicy(Policy):
             w = self.ended_work
             n = max(w[4], 1.0)
             cycle = self.gaps.mean + w[3] / n
-            per = (w[0] / n, w[1] / n, w[2] / n)
+            per = [w[0] / n, w[1] / n, w[2] / n]
         else:
             n = max(self.turn_time.n, 1)
             u = self.turn_units
-            per = (u["cpu"] / n, u["gpu"] / n, u["api"] / n)
+            per = [u["cpu"] / n, u["gpu"] / n, u["api"] / n]
         caps = (opt.admission * self.cpu.slots,
                 opt.admission_gpu * self.gpu.total if opt.admission_gpu else 0.0,
                 opt.admission_gpu * self.api.total if opt.admission_gpu else 0.0)
-        cycle = max(cycle, 1e-6)
+        cycles = [cycle, cycle, cycle]
+        if opt.admission_issued:
+            caps = (opt.admission_issued * self.cpu.slots,) + caps[1:]
+            # The trajectories that ended first are the short ones: their tool work per action is
+            # biased low (their reward is a larger share of it, their long actions had no time to be
+            # issued). Every issued action, in flight or ended, says it without that bias.
+            per_issued = max(self.turn_time.n, 1)
+            for i, res in ((0, "cpu"), (2, "api")):
+                per[i] = self.turn_units[res] / per_issued
+                cycles[i] = self.gaps.mean + self.turn_time.mean
         limit = math.inf
-        for x, cap in zip(per, caps):  # recomputed after every submission: tuples, not dicts
-            demand = x / cycle
+        for x, cap, c in zip(per, caps, cycles):  # recomputed after every submission: no dicts
+            demand = x / max(c, 1e-6)
             if demand > 0 and cap > 0:
                 limit = min(limit, cap / demand)
         if limit == math.inf:
@@ -693,9 +721,13 @@ class TangramPolicy(Policy):
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
         """In the top tail of its kind: long enough to set the step's end on its own."""
-        w = self.ests.get(spec.kind)
-        if w is None or w.n < 8 or spec.units_max == spec.units_min:
+        if spec.units_max == spec.units_min or est <= 0:
             return False
+        w = self.ests.get(spec.kind)
+        if w is None or w.n < 8:
+            w = self.all_ests  # too few of its kind yet: against every estimate made so far
+            if w.n < 8:
+                return False
         return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.m2 / (w.n - 1))  # w.var, inlined
 
     def _expected_wait(self, slots: int, now: float) -> float:
