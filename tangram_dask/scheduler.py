@@ -94,7 +94,7 @@ class Action:
     error: str | None = None
     grant: Grant | None = None
     annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
-    t0: float | None = None  # policy time the dashboard monitor first saw it waiting (None: not yet)
+    t0: float | None = None  # policy time it first arrived in no-worker (None: not yet); the float the policy's queue holds
 
 
 @dataclass
@@ -153,6 +153,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self.actions: dict[Hashable, Action] = {}
         #: the record that last left ``actions`` (key, record), for plugins that see the same transition later
         self.left: tuple[Hashable, Action] | None = None
+        #: the action that arrived for the first time in the transition being handled (its ``t0`` was just
+        #: set), else None: the monitor counts a submission there
+        self.arrived: Hashable | None = None
         self.nodes: dict[str, WorkerDeclaration] = {}
         self.stats = PluginStats()
         self._cpu_workers: dict[str, None] = {}
@@ -371,6 +374,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
                    **kwargs: Any) -> None:
+        self.arrived = None
         a = self.actions.get(key)
         if a is None:
             if finish != "no-worker" or self.scheduler is None:
@@ -421,10 +425,14 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                                   f"{type(e).__name__}: {e}")
 
     def _arrive(self, key: Hashable, a: Action) -> None:
+        now = self.now()
+        if a.t0 is None:  # one float for the record and the policy's queue entry (100,000 queued: 2.4 MB less)
+            a.t0 = now
+            self.arrived = key
         if a.error is not None:
             self._fail_later(key, a.error)
             return
-        self.policy.submit(key, a.spec, self.now())
+        self.policy.submit(key, a.spec, now)
         a.state = PENDING
         self.stats.submitted += 1
         self._kick()

@@ -191,11 +191,12 @@ class TangramMonitor(SchedulerPlugin):
             return
         spec = a.spec
         kind, resource = (spec.kind, spec.resource) if spec is not None else ("malformed", "")
-        if a.t0 is None:  # first seen: the submit time on the record (an action placed again keeps its own)
-            if finish == "no-worker":
-                a.t0 = self.plugin.now()
-                if a.error is None:  # one that errs at once (bad spec, unknown model) was never submitted
-                    self.stats.submit(kind, resource)
+        if finish == "no-worker":  # the plugin set the submit time (t0) on the record at its first arrival
+            arrived = self.plugin.arrived
+            if arrived is not None and arrived == key and a.error is None:
+                self.stats.submit(kind, resource)  # one that errs at once (bad spec) was never submitted
+            return
+        if a.t0 is None:
             return
         t, error = a.t0, a.error
         if start == "no-worker" and finish == "processing":
