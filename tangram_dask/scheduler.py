@@ -168,6 +168,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
         self._restrict: dict[str, frozenset] = {}  # worker -> the shared restriction set naming it
+        # (id of the user's annotations, grant wire form) -> (those annotations, the granted copy): one granted
+        # dict shared by the actions with the same annotations and the same grant (see _granted_annotations)
+        self._granted: dict[tuple, tuple[Any, dict]] = {}
         self.costs = CostModel()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
@@ -530,9 +533,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
         grant = Grant.of_start(d, worker, device_ids, self._setup_s(d, spec))
         a.annotations = ts.annotations
-        ann = dict(ts.annotations or {})  # the user's spec dict is shared, not copied: the grant goes beside it
-        ann[GRANT_KEY] = grant.to_msg()
-        ts.annotations = ann
+        ts.annotations = self._granted_annotations(ts.annotations, grant.to_msg())
         ts.resource_restrictions = resources
         a.state, a.grant = GRANTED, grant
         self.stats.started += 1
@@ -548,6 +549,26 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         else:
             ts.worker_restrictions = self._only(worker)
             recs[key] = "processing"
+
+    def _granted_annotations(self, own: dict | None, wire: tuple) -> dict:
+        """The task's annotations with the grant beside the user's (whose spec dict is shared, not copied).
+
+        Dask keeps its recent compute-task messages, and with them each action's annotations, for up to
+        ``distributed.admin.low-level-log-length`` batches per worker; so actions with the same
+        annotations and the same grant (same worker and units, no load: most of them) share one granted
+        dict instead of holding a copy and a grant each (about 330 bytes per action held). The cache is
+        bounded: emptied when it reaches 4,096 entries.
+        """
+        ck = (id(own), wire)
+        hit = self._granted.get(ck)
+        if hit is not None and hit[0] is own:
+            return hit[1]
+        if len(self._granted) >= 4096:
+            self._granted.clear()
+        ann = dict(own or {})
+        ann[GRANT_KEY] = wire
+        self._granted[ck] = (own, ann)  # holds ``own``: its id is not reused while cached
+        return ann
 
     def _only(self, worker: str) -> frozenset:
         """The shared restriction set naming one worker."""
