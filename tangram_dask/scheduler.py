@@ -109,6 +109,17 @@ class PluginStats:
     policy_errors: int = 0
 
 
+def _frozen(x: Any) -> Any:
+    """A hashable form of an annotation value that compares equal only for equal values of the same
+    types (``1``, ``1.0`` and ``True`` differ). TypeError for what cannot be hashed."""
+    if type(x) is dict:
+        return ("dict", tuple(sorted(((k, _frozen(v)) for k, v in x.items()), key=lambda kv: repr(kv[0]))))
+    if type(x) in (list, tuple):
+        return (type(x).__name__, tuple(_frozen(v) for v in x))
+    hash(x)
+    return (type(x).__name__, x)
+
+
 def parse_annotation(ann: Any) -> ActionSpec:
     """The spec in a task's ``tangram`` annotation (the scheduler's ``grant`` key is not part of it)."""
     if isinstance(ann, Mapping) and "grant" in ann:
@@ -168,9 +179,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
         self._restrict: dict[str, frozenset] = {}  # worker -> the shared restriction set naming it
-        # (id of the user's annotations, grant wire form) -> (those annotations, the granted copy): one granted
-        # dict shared by the actions with the same annotations and the same grant (see _granted_annotations)
-        self._granted: dict[tuple, tuple[Any, dict]] = {}
+        # (the user's annotations by value, grant wire form) -> the granted annotations: one dict shared by
+        # the actions with equal annotations and equal grants (see _granted_annotations)
+        self._granted: dict[tuple, dict] = {}
         self.costs = CostModel()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
@@ -551,23 +562,28 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             recs[key] = "processing"
 
     def _granted_annotations(self, own: dict | None, wire: tuple) -> dict:
-        """The task's annotations with the grant beside the user's (whose spec dict is shared, not copied).
+        """The task's annotations with the grant beside the user's (whose spec dict is not copied).
 
         Dask keeps its recent compute-task messages, and with them each action's annotations, for up to
-        ``distributed.admin.low-level-log-length`` batches per worker; so actions with the same
-        annotations and the same grant (same worker and units, no load: most of them) share one granted
-        dict instead of holding a copy and a grant each (about 330 bytes per action held). The cache is
+        ``distributed.admin.low-level-log-length`` batches per worker; so actions whose annotations are
+        equal and whose grants are equal (same worker and units, no load: most of them) share one granted
+        dict instead of holding a copy and a grant each (about 330 bytes per action held). Annotations
+        that cannot be compared by value (an unhashable object in them) get their own copy. The cache is
         bounded: emptied when it reaches 4,096 entries.
         """
-        ck = (id(own), wire)
-        hit = self._granted.get(ck)
-        if hit is not None and hit[0] is own:
-            return hit[1]
-        if len(self._granted) >= 4096:
-            self._granted.clear()
+        try:
+            ck = (_frozen(own), wire)
+            hit = self._granted.get(ck)
+        except TypeError:
+            ck, hit = None, None
+        if hit is not None:
+            return hit
         ann = dict(own or {})
         ann[GRANT_KEY] = wire
-        self._granted[ck] = (own, ann)  # holds ``own``: its id is not reused while cached
+        if ck is not None:
+            if len(self._granted) >= 4096:
+                self._granted.clear()
+            self._granted[ck] = ann
         return ann
 
     def _only(self, worker: str) -> frozenset:

@@ -284,6 +284,40 @@ def test_installing_again_is_harmless(env):
         assert client.submit(inc, 5, pure=False).result() == 6
 
 
+def held_until(name: str) -> int:
+    Event(name).wait(30)
+    return 1
+
+
+def test_actions_with_one_grant_share_one_granted_annotations_dict(env):
+    """Dask keeps recent compute-task messages with each task's annotations: actions of one annotate
+    block granted alike (same worker, same units) hold one granted dict, not a copy each; the user's
+    own annotations come back once they finish."""
+    from tangram_dask.messages import GRANT_KEY
+    client, plugin, cluster = env
+    Event("hold-shared", client=client).clear()
+    with tangram_dask.action(kind="shared", resource="cpu", units=1, hint_s=0.1):
+        futs = [client.submit(held_until, "hold-shared", pure=False) for _ in range(2 * SLOTS)]
+    tasks = cluster.scheduler.tasks
+    deadline = time.monotonic() + 30
+    while sum(getattr(tasks.get(f.key), "state", None) == "processing" for f in futs) < 2 * SLOTS:
+        assert time.monotonic() < deadline, [getattr(tasks.get(f.key), "state", None) for f in futs]
+        time.sleep(0.02)
+    by_grant: dict[tuple, set[int]] = {}
+    for f in futs:
+        ann = tasks[f.key].annotations
+        by_grant.setdefault(ann[GRANT_KEY], set()).add(id(ann))
+    assert len(by_grant) == 2  # one grant per CPU worker (both hold SLOTS one-unit actions)
+    assert all(len(ids) == 1 for ids in by_grant.values()), by_grant
+    Event("hold-shared", client=client).set()
+    assert client.gather(futs) == [1] * len(futs)
+    deadline = time.monotonic() + 10
+    while any(GRANT_KEY in (tasks[f.key].annotations or {}) for f in futs):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert all(tasks[f.key].annotations["tangram"]["kind"] == "shared" for f in futs)
+
+
 def test_parked_actions_are_restricted_to_an_address_that_never_joins(env):
     client, plugin, cluster = env
     assert PARK not in cluster.scheduler.workers
