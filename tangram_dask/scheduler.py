@@ -94,7 +94,7 @@ class Action:
     error: str | None = None
     grant: Grant | None = None
     annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
-    t0: float | None = None  # policy time it first arrived in no-worker (None: not yet); the float the policy's queue holds
+    t0: float | None = None  # policy time of its first arrival in no-worker (None: not yet), as queued
 
 
 @dataclass
