@@ -87,14 +87,29 @@ NEW, PENDING, GRANTED, DONE, FAILED = ActionState
 
 @dataclass(slots=True)
 class Action:
-    """The plugin's record of one action task."""
+    """The plugin's record of one action task (one per queued action: kept small)."""
 
     spec: ActionSpec | None
     state: ActionState = NEW
-    error: str | None = None
     grant: Grant | None = None
     annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
     t0: float | None = None  # policy time of its first arrival in no-worker (None: not yet), as queued
+
+    @property
+    def error(self) -> str | None:
+        """Why the annotation could not be read (a :class:`Malformed` record), else None."""
+        return None
+
+
+@dataclass(slots=True)
+class Malformed(Action):
+    """The record of a task whose ``tangram`` annotation is not a valid spec: it errs on arrival."""
+
+    message: str = ""
+
+    @property
+    def error(self) -> str | None:
+        return self.message
 
 
 @dataclass
@@ -340,9 +355,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 try:  # a fresh task: every key is the user's, so a 'grant' in it is refused (reserved)
                     spec = specs[id(ann)] = ActionSpec.from_dict(ann)
                 except SpecError as e:
-                    actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: {e}")
+                    actions[key] = Malformed(None, message=f"malformed tangram annotation on task {key!r}: {e}")
                 except Exception as e:  # anything else a hand-made annotation can hold
-                    actions[key] = Action(None, error=f"malformed tangram annotation on task {key!r}: "
+                    actions[key] = Malformed(None, message=f"malformed tangram annotation on task {key!r}: "
                                                       f"{type(e).__name__}: {e}")
                 else:
                     actions[key] = Action(spec)
@@ -362,7 +377,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         try:
             a = Action(parse_annotation(ann))
         except Exception as e:
-            a = Action(None, error=f"malformed tangram annotation on task {key!r}: {type(e).__name__}: {e}")
+            a = Malformed(None, message=f"malformed tangram annotation on task {key!r}: {type(e).__name__}: {e}")
         ts.worker_restrictions = PARKED
         ts.loose_restrictions = False
         self.actions[key] = a
