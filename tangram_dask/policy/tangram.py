@@ -79,6 +79,8 @@ class TangramOptions:
     idle_admit: float = 0.25    # >0: in warm-up, one past the limit per this x a turn cycle while all is idle
     admission_issued: float = 0.0  # >0: CPU demand over every action issued (not those ended) kept under this x slots
     admission_ramp: float = 0.0  # >0: until learned, 16 first, then this x those in flight more; none while any queue
+    idle_learned: float = 0.3   # >0: once a trajectory ended, idle admission goes on while the GPU or API limit binds
+                                # and every resource is under this x its capacity busy (0: only before any ended)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -242,6 +244,7 @@ class TangramPolicy(Policy):
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
         self.traj_work: dict[str, list[float]] = {}
+        self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0, 0.0, 0.0, 0.0, 0.0]
         self.ended_n = 0
         self.turn_time = Welford()  # expected action time at units.max
@@ -499,7 +502,7 @@ class TangramPolicy(Policy):
         return min(limit, max(16.0, grow))
 
     def _idle(self, now: float) -> bool:
-        """Before ``admission_warmup`` trajectories have ended: one more trajectory past the limit
+        """Before any trajectory has ended: one more trajectory past the limit
         adds throughput, not queueing, while every resource is below its target occupancy now
         (``admission`` x the CPU slots, ``admission_gpu`` x the GPUs and the API tokens) and nothing
         waits for any of them.
@@ -509,8 +512,17 @@ class TangramPolicy(Policy):
         demand of those admitted shows before more come: at most one per ``idle_admit`` turn
         cycles (LLM gap + action time), and none while ``1 / idle_admit`` admitted trajectories
         have not issued their first action.
+
+        After a trajectory has ended (``idle_learned``), only while the learned limit is set by the
+        GPUs or the API tokens, and every resource is under ``idle_learned`` x its capacity busy:
+        that limit is read from the trajectories that ended first, the short ones, in which the
+        reward (a GPU or API action) is a larger share than in the rest, so it reads low. On
+        ``gpu-small-b`` it held 5-7 trajectories in flight from t = 50 to 115 s with 90 waiting,
+        nothing queued and 4-7 of the 8 GPUs idle. A CPU limit read from the same sample is biased
+        the other way (high), so idleness does not correct it.
         """
-        if self.ended_n or self.gaps.n < 4:
+        learned = self.ended_n > 0
+        if (learned and not (self.opt.idle_learned and self._binds > 0)) or self.gaps.n < 4:
             return False
         if len(self.fresh) * self.opt.idle_admit >= 1:
             return False
@@ -519,7 +531,10 @@ class TangramPolicy(Policy):
         if any(pool.qwork > 0 for pool in self.pools.values()):
             return False
         gpu_target = self.opt.admission_gpu or 1.0
-        busy = ((self.cpu.slots - self.cpu.slots_free, self.cpu.slots, self.opt.admission),
+        cpu_target = self.opt.admission
+        if learned:
+            cpu_target = gpu_target = self.opt.idle_learned
+        busy = ((self.cpu.slots - self.cpu.slots_free, self.cpu.slots, cpu_target),
                 (self.gpu.total - self.gpu.idle, self.gpu.total, gpu_target),
                 (self.api.total - self.api.total_free, self.api.total, gpu_target))
         return all(b < target * units for b, units, target in busy if units > 0)
@@ -580,10 +595,11 @@ class TangramPolicy(Policy):
                 per[i] = self.turn_units[res] / per_issued
                 cycles[i] = self.gaps.mean + self.turn_time.mean
         limit = math.inf
-        for x, cap, c in zip(per, caps, cycles):  # recomputed after every submission: no dicts
+        self._binds = -1
+        for i, (x, cap, c) in enumerate(zip(per, caps, cycles)):  # recomputed after every submission: no dicts
             demand = x / max(c, 1e-6)
-            if demand > 0 and cap > 0:
-                limit = min(limit, cap / demand)
+            if demand > 0 and cap > 0 and cap / demand < limit:
+                limit, self._binds = cap / demand, i
         if limit == math.inf:
             limit = self.opt.admission * max(self.cpu.slots, 1) / 1e-6
         if self.opt.admission_gpu and self.ended_n < self.opt.admission_warmup:
