@@ -128,7 +128,6 @@ class Simulator:
             raise AuditError(f"{self.policy.name}: {n - self.done} of {n} actions never completed; left waiting with "
                              f"nothing running: {self._stuck()} (a policy bug, or a policy that cannot serve this "
                              f"workload on this cluster)")
-        self.issue, self.end = np.array(self.issue), np.array(self.end)
         return SimResult(self.policy.name, self.issue, self.end, self.ideal, self.step_start, self.step_end,
                          self.ideal_step, self.loads, self.colds, self.restores, self.busy, self.cluster.capacity(),
                          self.policy.decisions, pol.s if self.time_policy else 0.0, self.timer() - t_wall,
@@ -147,8 +146,8 @@ class Simulator:
         self.llm = g.llm.tolist()
         self.dur = g.duration.tolist()
         self.hint = g.hint.tolist()
-        self.issue = [0.0] * n  # lists while it runs (a numpy item store costs ~3x a list's); arrays after
-        self.end = [0.0] * n
+        self.issue = np.zeros(n)
+        self.end = np.zeros(n)
         self.per_step = spec.trajectories
         self.traj_of = np.repeat(np.arange(g.n_trajectories), np.diff(g.first)).tolist()
         self.names = [f"{t // self.per_step}/{t % self.per_step}" for t in range(g.n_trajectories)]
