@@ -87,13 +87,37 @@ NEW, PENDING, GRANTED, DONE, FAILED = ActionState
 
 @dataclass(slots=True)
 class Action:
-    """The plugin's record of one action task (one per queued action: kept small)."""
+    """The plugin's record of one action task (one per queued action: kept to four slots, 64 bytes).
+
+    ``grant`` (what the policy granted) and ``annotations`` (the task's own annotations while the
+    granted copy is on the task) are set only together, while an action is granted: they share
+    one slot.
+    """
 
     spec: ActionSpec | None
     state: ActionState = NEW
-    grant: Grant | None = None
-    annotations: dict | None = None  # the task's own annotations while the granted copy is on the task
     t0: float | None = None  # policy time of its first arrival in no-worker (None: not yet), as queued
+    granted: tuple[Grant | None, dict | None] | None = None  # (grant, annotations), or None for neither
+
+    @property
+    def grant(self) -> Grant | None:
+        g = self.granted
+        return None if g is None else g[0]
+
+    @grant.setter
+    def grant(self, grant: Grant | None) -> None:
+        ann = self.annotations
+        self.granted = None if grant is None and ann is None else (grant, ann)
+
+    @property
+    def annotations(self) -> dict | None:
+        g = self.granted
+        return None if g is None else g[1]
+
+    @annotations.setter
+    def annotations(self, ann: dict | None) -> None:
+        grant = self.grant
+        self.granted = None if grant is None and ann is None else (grant, ann)
 
     @property
     def error(self) -> str | None:
