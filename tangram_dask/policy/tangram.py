@@ -81,6 +81,8 @@ class TangramOptions:
     admission_ramp: float = 0.0  # >0: until learned, 16 first, then this x those in flight more; none while any queue
     idle_learned: float = 0.3   # >0: once a trajectory ended, idle admission goes on while the GPU or API limit binds
                                 # and every resource is under this x its capacity busy (0: only before any ended)
+    admission_measured: float = 0.0  # >0: admission_issued's CPU demand also from measured units.min held/queued
+    admission_step: float = 0.0  # >0: admit while waiting > this x in flight x (H_in_flight - 1) (gate sets step)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -255,6 +257,8 @@ class TangramPolicy(Policy):
         self._now = 0.0
         self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
         self._limit_dirty = True
+        self._m_t, self._m_occ, self._m_act, self._m_w, self._lim_other = 0.0, 0.0, 0.0, 0.0, math.inf
+        self._m_prev: tuple[int, int] | None = None  # admission_measured: the state at the last pass with a queue
         self._idle_at = -math.inf  # when the last trajectory was admitted past the limit (_idle)
         self.fresh: set[str] = set()  # admitted, no action issued yet: their demand is not seen
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
@@ -469,6 +473,8 @@ class TangramPolicy(Policy):
             self._limit = (limit, max_wait)
             self._limit_dirty = False
         limit, max_wait = self._limit
+        if self.opt.admission_measured and self.opt.admission_issued:
+            limit = self._measured(now, limit)
         if self.active < limit and self.opt.admission_queue and self._queueing():
             limit = self.active
         elif self.active >= limit and self.opt.idle_admit and self._idle(now):
@@ -481,13 +487,51 @@ class TangramPolicy(Policy):
             limit = math.inf
         while self.admission_queue:
             t, asked = next(iter(self.admission_queue.items()))
-            if self.active >= limit and now - asked < max_wait:
+            if (self.active >= limit and now - asked < max_wait
+                    and not (self.opt.admission_step and self._step_short())):
                 break
             self.admission_queue.popitem(last=False)
             self.admitted.add(t)
             self.fresh.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
+        if not self.admission_queue:
+            self._m_prev = None  # nobody waits: the time until somebody does is not measured
+
+    def _measured(self, now: float, limit: float) -> float:
+        """``admission_measured``: the CPU limit of ``admission_issued`` also from the CPU demand
+        measured while trajectories wait for admission (units.min held or queued per trajectory in
+        flight, time-averaged over ``horizon_s``), never below the modelled limit."""
+        cpu = self.pools["cpu"]
+        dt = now - self._m_t
+        if dt > 0 and self._m_prev is not None:
+            k = math.exp(-dt / self.opt.horizon_s)
+            occ, act = self._m_prev
+            self._m_occ = self._m_occ * k + (1 - k) * occ
+            self._m_act = self._m_act * k + (1 - k) * act
+            self._m_w = self._m_w * k + (1 - k)
+        self._m_t = now
+        self._m_prev = (cpu.rmin + cpu.qmin, self.active)
+        if self._binds != 0 or self._m_w < 0.5 or self._m_act <= 0 or self._m_occ <= 0:
+            return limit
+        demand = self._m_occ / self._m_act
+        cap = self.opt.admission_issued * self.opt.admission_measured * self.cpu.slots
+        return max(limit, min(self._lim_other, cap / demand))
+
+    def _step_short(self) -> bool:
+        """``admission_step``: the queue would drain after those in flight have ended.
+
+        With ``C`` in flight and memoryless trajectory lengths of mean ``T``, the last of them ends
+        about ``T x H_C`` from now (``H_C`` the harmonic number); at the admission rate they set,
+        ``C / T``, the ``Q`` waiting are all admitted after ``Q x T / C``, and the last ends ``T``
+        later. Past ``Q > C x (H_C - 1)`` the gate, not the cluster, sets the step.
+        """
+        c = self.active
+        if self._binds != 0 or c >= self._lim_other:
+            return False
+        if c == 0:
+            return True
+        return len(self.admission_queue) > self.opt.admission_step * c * (math.log(c) + 0.5772 - 1.0 + 0.5 / c)
 
     def _ramp(self, limit: float) -> float:
         """Before 16 actions were seen (``admission_ramp``): the limit of one trajectory per CPU slot
@@ -596,8 +640,11 @@ class TangramPolicy(Policy):
                 cycles[i] = self.gaps.mean + self.turn_time.mean
         limit = math.inf
         self._binds = -1
+        self._lim_other = math.inf
         for i, (x, cap, c) in enumerate(zip(per, caps, cycles)):  # recomputed after every submission: no dicts
             demand = x / max(c, 1e-6)
+            if i and demand > 0 and cap > 0:
+                self._lim_other = min(self._lim_other, cap / demand)
             if demand > 0 and cap > 0 and cap / demand < limit:
                 limit, self._binds = cap / demand, i
         if limit == math.inf:
