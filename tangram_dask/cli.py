@@ -91,9 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- bench ------------------------------------------------------------------------------------
-def _policies(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
     from .policy import POLICY_NAMES
 
+    if value is None:
+        return None  # the default depends on --live
     names = tuple(p.strip() for p in value.split(",") if p.strip())
     if not names:
         raise click.BadParameter(f"{value!r}: name at least one of {', '.join(POLICY_NAMES)}")
@@ -177,8 +179,9 @@ def format_table(results: list[dict[str, Any]]) -> str:
 @cli.command()
 @click.argument("workload")
 @click.argument("cluster")
-@click.option("--policy", "policies", default="tangram,fifo,static", show_default=True, callback=_policies,
-              help="Comma-separated policies to run: tangram, fifo, static.")
+@click.option("--policy", "policies", default=None, callback=_policies,
+              help="Comma-separated policies to run: tangram, fifo, static.  [default: tangram,fifo,static; "
+                   "with --live, tangram,fifo]")
 @click.option("--parity", is_flag=True, help="Also find capacity_for_parity for tangram.")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON keys, one object per policy.")
 @click.option("--audit", is_flag=True, help="Check every decision against an independent ledger.")
@@ -192,7 +195,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write PNG figures of the run into DIR (ACT CDF, utilization over time, step); "
                    "needs matplotlib: pip install 'tangram-dask[plots]'.")
-def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, as_json: bool, audit: bool,
+def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity: bool, as_json: bool, audit: bool,
           time_policy: bool, no_progress: bool, live: bool, time_scale: float, options: Any,
           plot_dir: str | None) -> int:
     """Simulate (or run --live) one RL step of WORKLOAD on CLUSTER under each policy.
@@ -211,6 +214,11 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...], parity: bool, 
         if why:
             raise InputError(why)
 
+    if policies is None:
+        policies = ("tangram", "fifo") if live else ("tangram", "fifo", "static")
+    elif live and "static" in policies:
+        raise click.UsageError("--live runs tangram and fifo: static binds whole trajectories to resources, "
+                               "which the live plugin does not do (simulate it, without --live)")
     wl = load_workload(workload)
     cl = load_cluster(cluster)
     traces: list | None = [] if plot_dir is not None else None  # filled by the simulated run
