@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -160,11 +161,17 @@ def fresh_cluster() -> Iterator[Client]:
                 _settle(client)
                 yield client
             finally:  # stop the processes first: a scheduler holding 100,000 parked tasks answers slowly
-                _stop(procs)
+                quiet = logging.getLogger("distributed.client")
+                level = quiet.level
+                quiet.setLevel(logging.CRITICAL)  # its reconnect attempts to the stopped scheduler, expected here
                 try:
-                    client.close(timeout=10)
-                except Exception:  # noqa: BLE001  (the scheduler is gone; nothing to close cleanly)
-                    pass
+                    _stop(procs)
+                    try:
+                        client.close(timeout=10)
+                    except Exception:  # noqa: BLE001  (the scheduler is gone; nothing to close cleanly)
+                        pass
+                finally:
+                    quiet.setLevel(level)
         finally:
             _stop(procs)
 
