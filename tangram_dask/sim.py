@@ -110,18 +110,21 @@ class Simulator:
         handlers = (self._complete, self._issue, self._begin)
         apply = {Start: self._start, Admit: self._admit, Reject: self._rejected}
         progress, next_report, n = self.progress, 0, self.n
+        schedule = pol.schedule
         self._begin_step(0, 0.0)
+        events = 0
         while heap:
             now = heap[0][0]
             while heap and heap[0][0] == now:
                 _, order, _, x = pop(heap)
-                self.events += 1
+                events += 1
                 handlers[order](x, now)
-            for d in pol.schedule(now):
+            for d in schedule(now):
                 apply[d.__class__](d, now)
             if progress is not None and self.done >= next_report:
                 progress(self.done, n)
                 next_report = self.done + max(1, n // 100)
+        self.events += events
         if progress is not None:
             progress(n, n)
         if self.done != n:
@@ -158,8 +161,7 @@ class Simulator:
         factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
         self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
         self.home: dict[int, str] = {}
-        self._setup_of: dict[tuple, float] = {}
-        self._run_of: dict[tuple, float] = {}
+        self._cost_of: dict[tuple, tuple[float, float]] = {}
         self.run_s = [0.0] * n
         self.busy = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
         self.loads = self.colds = self.restores = 0
@@ -200,7 +202,8 @@ class Simulator:
         self.pol.finish(a, now, self.run_s[a])
         t = self.traj_of[a]
         if a + 1 < self.first[t + 1]:
-            self._push(now + self.llm[a + 1], ISSUE, a + 1)
+            heapq.heappush(self.heap, (now + self.llm[a + 1], ISSUE, self.seq, a + 1))  # _push, inlined
+            self.seq += 1
             return
         name = self.names[t]  # the reward ended: the trajectory is done
         self.pol.end_trajectory(name, now)
@@ -228,14 +231,13 @@ class Simulator:
                 raise AuditError(f"action {a} moved trajectory {self.names[t]} from {prev} to {d.node} without "
                                  f"restore")
             self.home[t] = d.node
-        key = (k, d.sandbox, restore, d.load)
-        setup = self._setup_of.get(key)
-        if setup is None:  # the cost model, asked once per (kind, sandbox, restore, load)
-            setup = self._setup_of[key] = self.costs.setup_s(spec, sandbox=d.sandbox, restore=restore, load=d.load)
-        key = (k, d.units, d.cross_group)
-        f = self._run_of.get(key)
-        if f is None:  # run time is linear in the true duration: the model's factor, asked once per shape
-            f = self._run_of[key] = self.costs.run_s(spec, d.units, 1.0, d.cross_group)
+        key = (k, d.sandbox, restore, d.load, d.units, d.cross_group)
+        sf = self._cost_of.get(key)
+        if sf is None:  # the cost model, asked once per shape: setup, and the run time's factor (linear in
+            # the true duration)
+            sf = self._cost_of[key] = (self.costs.setup_s(spec, sandbox=d.sandbox, restore=restore, load=d.load),
+                                       self.costs.run_s(spec, d.units, 1.0, d.cross_group))
+        setup, f = sf
         r = self.dur[a] * f
         self.restores += restore
         self.colds += d.sandbox == "cold"
@@ -246,7 +248,8 @@ class Simulator:
         self.busy[spec.resource] += d.units * (setup + r)
         if self.spans is not None:
             self.spans.append((now, now + setup + r, spec.resource, d.units))
-        self._push(now + setup + r, COMPLETE, a)
+        heapq.heappush(self.heap, (now + setup + r, COMPLETE, self.seq, a))  # _push, inlined
+        self.seq += 1
 
     def _admit(self, d: Admit, now: float) -> None:
         t = self.index[d.trajectory]

@@ -39,7 +39,7 @@ class Welford:
 class KindStats:
     work: Welford   # log of the true work on units_min
     error: Welford  # log(hint) - log(true work)
-    est_cache: tuple[float, float, float, float] | None = None  # (mu, var_w, bias, var_e)
+    est_cache: tuple[float, float, float, float] | None = None  # (mu, var_w of what finished, bias, var_e)
     hints: Welford | None = None  # log of the hints of every action issued (not only those that finished)
 
 
@@ -62,8 +62,6 @@ class Estimator:
         if ks.hints is None:
             ks.hints = Welford()
         ks.hints.add(math.log(h))
-        if ks.work.n >= MIN_SAMPLES:
-            ks.est_cache = None
 
     def expected(self, spec: ActionSpec) -> float:
         ks = self.kinds.get(spec.kind)
@@ -71,20 +69,20 @@ class Estimator:
         if ks is None or ks.work.n < MIN_SAMPLES:
             return h if h else self.default_s
         c = ks.est_cache
-        if c is None:
-            mu, var_w = ks.work.mean, max(ks.work.var, 1e-6)
+        if c is None:  # what finished changes only when an action finishes: cached until then
             var_e = max(ks.error.var, 1e-6) if ks.error.n >= MIN_SAMPLES else math.inf
-            hs = ks.hints
-            if hs is not None and hs.n >= MIN_SAMPLES and var_e != math.inf:
-                # The first actions to finish are the short ones, so what finished says too little of
-                # the kind's long tail for a while (15 finished run_tests at t = 9 s: spread 0.97 in
-                # log, the kind's is 2.25), and a long action's hint is shrunk to a short estimate.
-                # The hints of every issued action say it at once: log hint = log work + error, so
-                # the work's variance is at least the hints' less the error's. (Taking the mean from
-                # the hints too measured worse: the error's mean is learned from the short ones.)
-                var_w = max(hs.var - var_e, var_w)
-            c = ks.est_cache = (mu, var_w, ks.error.mean, var_e)
+            c = ks.est_cache = (ks.work.mean, max(ks.work.var, 1e-6), ks.error.mean, var_e)
         mu, var_w, bias, var_e = c
+        hs = ks.hints
+        if hs is not None and hs.n >= MIN_SAMPLES and var_e != math.inf:
+            # The first actions to finish are the short ones, so what finished says too little of
+            # the kind's long tail for a while (15 finished run_tests at t = 9 s: spread 0.97 in
+            # log, the kind's is 2.25), and a long action's hint is shrunk to a short estimate.
+            # The hints of every issued action say it at once: log hint = log work + error, so
+            # the work's variance is at least the hints' less the error's. (Taking the mean from
+            # the hints too measured worse: the error's mean is learned from the short ones.)
+            # Every issued hint moves it: read here, not cached.
+            var_w = max(hs.m2 / (hs.n - 1) - var_e, var_w)
         if not h or var_e == math.inf:
             return math.exp(mu + var_w / 2)
         wh = 1.0 / var_e

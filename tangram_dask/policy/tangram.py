@@ -312,40 +312,46 @@ class TangramPolicy(Policy):
     def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
         if self._t0 is None:
             self._t0 = now
-        if spec.trajectory is not None and spec.trajectory not in self.traj_start:
-            self.traj_start[spec.trajectory] = now
-        self._touch(spec.trajectory, now)
+        traj = spec.trajectory
+        if traj is not None and traj not in self.traj_start:
+            self.traj_start[traj] = now
+        if self.trajectory_ttl_s is not None:
+            self._touch(traj, now)
         if self.fresh:
-            self.fresh.discard(spec.trajectory)
+            self.fresh.discard(traj)
         self.est.issued(spec)
         est = self.est.expected(spec)
-        if self.opt.admission and spec.trajectory is not None:
+        if traj is not None and self.opt.admission:
             self._limit_dirty = True
-            t_end = self.last_end.get(spec.trajectory)
+            t_end = self.last_end.get(traj)
             if t_end is not None:
                 self.gaps.add(now - t_end)
             u = spec.units_max if self.opt.admission_at_max else spec.units_min
             t_u = est * spec.scale(u)
             self.turn_time.add(t_u)
-            self.turn_units[spec.resource] += t_u * u
-            acc = self.traj_work.get(spec.trajectory)
+            res = spec.resource
+            self.turn_units[res] += t_u * u
+            acc = self.traj_work.get(traj)
             if acc is None:
-                acc = self.traj_work[spec.trajectory] = [0.0, 0.0, 0.0, 0.0, 0.0]
-            acc[_RES[spec.resource]] += t_u * u
+                acc = self.traj_work[traj] = [0.0, 0.0, 0.0, 0.0, 0.0]
+            acc[_RES[res]] += t_u * u
             acc[3] += t_u
             acc[4] += 1
         if est > 0:
+            log_est = math.log(est)
             w = self.ests.get(spec.kind)
             if w is None:
                 w = self.ests[spec.kind] = Welford()
-            w.add(math.log(est))
-            self.all_ests.add(math.log(est))
-        self.pool(spec).demand.add(now, est)
-        self._enqueue(aid, spec, est, self.opt.aging * now + est)
-
-    def _enqueue(self, aid: ActionId, spec: ActionSpec, est: float, key: float) -> None:
-        """Phase 1, order: into its pool's heap, keyed by aging x issue time + expected work."""
+            w.add(log_est)
+            self.all_ests.add(log_est)
         pool = self.pool(spec)
+        pool.demand.add(now, est)
+        self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
+
+    def _enqueue(self, aid: ActionId, spec: ActionSpec, est: float, key: float, pool: Pool | None = None) -> None:
+        """Phase 1, order: into its pool's heap, keyed by aging x issue time + expected work."""
+        if pool is None:
+            pool = self.pool(spec)
         pool.push(_pending((key, self._seq, aid, spec, est)))
         self._seq += 1
         self.dirty[pool.name] = None
@@ -461,41 +467,46 @@ class TangramPolicy(Policy):
         pass. The queue check runs only when the limit would admit someone.
         """
         learned = self.gaps.n >= 16 and self.turn_time.n >= 16
+        opt = self.opt
         if self._limit_dirty or self._limit is None:
             max_wait = math.inf
             if learned:
                 cycle = self.gaps.mean + self.turn_time.mean
                 limit = self._admission_limit(cycle)
-                if self.opt.admission_cycles:
-                    max_wait = self.opt.admission_cycles * cycle
+                if opt.admission_cycles:
+                    max_wait = opt.admission_cycles * cycle
             else:
                 limit = max(self.cpu.slots, 1)  # nothing learned yet: one trajectory per slot
             self._limit = (limit, max_wait)
             self._limit_dirty = False
         limit, max_wait = self._limit
-        if self.opt.admission_measured and self.opt.admission_issued:
+        if opt.admission_measured and opt.admission_issued:
             limit = self._measured(now, limit)
-        if self.active < limit and self.opt.admission_queue and self._queueing():
-            limit = self.active
-        elif self.active >= limit and self.opt.idle_admit and self._idle(now):
-            limit = self.active + 1
+        active = len(self.admitted)  # self.active, read once: this runs on every pass with a queue
+        if active < limit:
+            if opt.admission_queue and self._queueing():
+                limit = active
+        elif opt.idle_admit and self._idle(now):
+            limit = active + 1
             self._idle_at = now
-        if self.opt.admission_ramp and self.active < limit and not learned:
+        if opt.admission_ramp and active < limit and not learned:
             limit = self._ramp(limit)
-        if (self.opt.admit_tail and self.ended_n < self.opt.admission_warmup
-                and len(self.admission_queue) <= self.opt.admit_tail * self.active):
+        queue = self.admission_queue
+        if (opt.admit_tail and self.ended_n < opt.admission_warmup
+                and len(queue) <= opt.admit_tail * active):
             limit = math.inf
-        while self.admission_queue:
-            t, asked = next(iter(self.admission_queue.items()))
-            if (self.active >= limit and now - asked < max_wait
-                    and not (self.opt.admission_step and self._step_short())):
+        while queue:
+            t, asked = next(iter(queue.items()))
+            if (active >= limit and now - asked < max_wait
+                    and not (opt.admission_step and self._step_short())):
                 break
-            self.admission_queue.popitem(last=False)
+            queue.popitem(last=False)
             self.admitted.add(t)
+            active = len(self.admitted)
             self.fresh.add(t)
             self.last_end[t] = now
             out.append(Admit(t))
-        if not self.admission_queue:
+        if not queue:
             self._m_prev = None  # nobody waits: the time until somebody does is not measured
 
     def _measured(self, now: float, limit: float) -> float:
@@ -615,41 +626,57 @@ class TangramPolicy(Policy):
         trajectories in flight only queue at the reward models.
         """
         opt = self.opt
-        if opt.admission_gpu and self.ended_n >= max(opt.admission_warmup, 8):
+        a_gpu = opt.admission_gpu
+        slots = self.cpu.slots
+        # written out for three resources (CPU slots 0, GPUs 1, API tokens 2), no lists or loops:
+        # recomputed after every submission while trajectories wait (a million times in the scale run)
+        if a_gpu and self.ended_n >= max(opt.admission_warmup, 8):
             # whole trajectories, their last action (the reward) included: what one in flight asks of each resource
             w = self.ended_work
             n = max(w[4], 1.0)
             cycle = self.gaps.mean + w[3] / n
-            per = [w[0] / n, w[1] / n, w[2] / n]
+            x0, x1, x2 = w[0] / n, w[1] / n, w[2] / n
         else:
             n = max(self.turn_time.n, 1)
             u = self.turn_units
-            per = [u["cpu"] / n, u["gpu"] / n, u["api"] / n]
-        caps = (opt.admission * self.cpu.slots,
-                opt.admission_gpu * self.gpu.total if opt.admission_gpu else 0.0,
-                opt.admission_gpu * self.api.total if opt.admission_gpu else 0.0)
-        cycles = [cycle, cycle, cycle]
+            x0, x1, x2 = u["cpu"] / n, u["gpu"] / n, u["api"] / n
+        cap0 = opt.admission * slots
+        cap1 = a_gpu * self.gpu.total if a_gpu else 0.0
+        cap2 = a_gpu * self.api.total if a_gpu else 0.0
+        c0 = c2 = cycle
         if opt.admission_issued:
-            caps = (opt.admission_issued * self.cpu.slots,) + caps[1:]
+            cap0 = opt.admission_issued * slots
             # The trajectories that ended first are the short ones: their tool work per action is
             # biased low (their reward is a larger share of it, their long actions had no time to be
             # issued). Every issued action, in flight or ended, says it without that bias.
             per_issued = max(self.turn_time.n, 1)
-            for i, res in ((0, "cpu"), (2, "api")):
-                per[i] = self.turn_units[res] / per_issued
-                cycles[i] = self.gaps.mean + self.turn_time.mean
+            x0 = self.turn_units["cpu"] / per_issued
+            x2 = self.turn_units["api"] / per_issued
+            c0 = c2 = self.gaps.mean + self.turn_time.mean
         limit = math.inf
-        self._binds = -1
-        self._lim_other = math.inf
-        for i, (x, cap, c) in enumerate(zip(per, caps, cycles)):  # recomputed after every submission: no dicts
-            demand = x / max(c, 1e-6)
-            if i and demand > 0 and cap > 0:
-                self._lim_other = min(self._lim_other, cap / demand)
-            if demand > 0 and cap > 0 and cap / demand < limit:
-                limit, self._binds = cap / demand, i
+        binds = -1
+        other = math.inf  # the limit set by the GPUs and the API tokens alone
+        d = x0 / max(c0, 1e-6)
+        if d > 0 and cap0 > 0 and cap0 / d < limit:
+            limit, binds = cap0 / d, 0
+        d = x1 / max(cycle, 1e-6)
+        if d > 0 and cap1 > 0:
+            lim = cap1 / d
+            if lim < other:
+                other = lim
+            if lim < limit:
+                limit, binds = lim, 1
+        d = x2 / max(c2, 1e-6)
+        if d > 0 and cap2 > 0:
+            lim = cap2 / d
+            if lim < other:
+                other = lim
+            if lim < limit:
+                limit, binds = lim, 2
+        self._binds, self._lim_other = binds, other
         if limit == math.inf:
-            limit = self.opt.admission * max(self.cpu.slots, 1) / 1e-6
-        if self.opt.admission_gpu and self.ended_n < self.opt.admission_warmup:
+            limit = opt.admission * max(slots, 1) / 1e-6
+        if a_gpu and self.ended_n < opt.admission_warmup:
             # rewards come last: until whole trajectories were seen, the demand per action misses them
             limit = min(limit, self._warmup_cap())
         return limit
