@@ -88,6 +88,10 @@ class TangramOptions:
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
     hint_spread: float = 1.0    # 1: a kind's work spread also from the hints of every issued action (not only finished)
     elephant_move: float = 1.0  # 1: an elephant whose home has little room moves to the node with the most
+    admission_model: float = 0.0  # >0: in warm-up, each model's replicas kept under this x busy (per-model gate)
+    admission_open: float = 0.0  # >0: with admission_model, this many first, until 4 actions were seen
+    plan_loads: float = 0.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
+                                # admission_model busy loads one as soon as one of its actions waits
 
 
 class Pending(tuple):
@@ -244,6 +248,7 @@ class TangramPolicy(Policy):
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
+        self.model_work: dict[str, float] = {}  # per model: replica-seconds submitted (at units.min)
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
         self.traj_work: dict[str, list[float]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
@@ -265,6 +270,7 @@ class TangramPolicy(Policy):
         self._loader_starved = False  # that model has no replica at all
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
+        self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -331,6 +337,8 @@ class TangramPolicy(Policy):
             self.turn_time.add(t_u)
             res = spec.resource
             self.turn_units[res] += t_u * u
+            if res == "gpu":
+                self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_u
             acc = self.traj_work.get(traj)
             if acc is None:
                 acc = self.traj_work[traj] = [0.0, 0.0, 0.0, 0.0, 0.0]
@@ -380,6 +388,8 @@ class TangramPolicy(Policy):
 
     def _released(self, r: Running) -> None:
         """An action gave its units back: its pool's counters, and who may use them."""
+        if self._loading and r.replica is not None:
+            self._loading.pop(r.replica, None)  # its replica's load is over
         spec = r.spec
         if spec.resource == "gpu":
             self.pools[spec.model].rmin -= spec.units_min
@@ -482,6 +492,11 @@ class TangramPolicy(Policy):
         limit, max_wait = self._limit
         if opt.admission_measured and opt.admission_issued:
             limit = self._measured(now, limit)
+        if opt.admission_model and self.ended_n < opt.admission_warmup:
+            if self.turn_time.n >= 4:
+                limit = min(limit, self._model_limit())
+            elif opt.admission_open:
+                limit = min(limit, opt.admission_open)  # nothing seen yet: a first batch to learn from
         active = len(self.admitted)  # self.active, read once: this runs on every pass with a queue
         if active < limit:
             if opt.admission_queue and self._queueing():
@@ -508,6 +523,26 @@ class TangramPolicy(Policy):
             out.append(Admit(t))
         if not queue:
             self._m_prev = None  # nobody waits: the time until somebody does is not measured
+
+    def _model_limit(self, model: str | None = None, loading: bool = False) -> float:
+        """``admission_model``: trajectories in flight at which some model's replicas (one action at a
+        time each) are ``admission_model`` busy, from the actions seen so far (per action, over the
+        turn cycle). The GPU limit counts every GPU as one pool; a model is served by its own
+        replicas only (a process reward model on one 1-GPU replica caps a step at a few
+        trajectories however many GPUs the other models hold)."""
+        n = max(self.turn_time.n, 1)
+        cycle = (self.gaps.mean if self.gaps.n else 4.0) + self.turn_time.mean
+        out = math.inf
+        for m, w in self.model_work.items():
+            if model is not None and m != model:
+                continue
+            d = w / n / max(cycle, 1e-6)
+            if d > 0:
+                reps = len(self.gpu.by_model.get(m, ()))
+                if not loading:  # a replica still loading serves nothing yet
+                    reps -= sum(1 for x in self._loading.values() if x == m)
+                out = min(out, self.opt.admission_model * max(reps, 1) / d)
+        return out
 
     def _measured(self, now: float, limit: float) -> float:
         """``admission_measured``: the CPU limit of ``admission_issued`` also from the CPU demand
@@ -982,6 +1017,7 @@ class TangramPolicy(Policy):
             self._unpaid.pop(old, None)
         if self.opt.residency:
             self._unpaid[rid] = self.models[pool.name].load_s
+        self._loading[rid] = pool.name
         out.append(self._start_gpu(aid, p.spec, rid, now, p.est, load=True, evict=tuple(evict)))
         pool.rmin += p.spec.units_min
 
@@ -1017,6 +1053,11 @@ class TangramPolicy(Policy):
         reps = len(self.gpu.by_model.get(model, ()))
         if reps == 0:
             return True
+        if (self.opt.plan_loads and self.opt.admission_model and self.ended_n < self.opt.admission_warmup
+                and self.admission_queue and self.turn_time.n >= 4
+                and self._model_limit(model, loading=True) < min(self.cpu.slots, self._lim_other,
+                                                                  self.opt.plan_loads * max(self.active, 1))):
+            return True  # the per-model gate binds on this model: a replica more admits more trajectories
         load_s = self.models[model].load_s
         queued = pool.qmin * self._mean_est(pool)
         coming = pool.demand.rate(now) * load_s if self.opt.residency else 0.0
