@@ -154,24 +154,27 @@ def _refuse_keys(d: Mapping[Any, Any], fields: Mapping[str, Any]) -> None:
 _new = object.__new__
 _set = object.__setattr__
 _FIELDS = tuple(ActionSpec.__dataclass_fields__)
+(_s_kind, _s_resource, _s_units_min, _s_units_max, _s_parallel_fraction, _s_hint_s, _s_trajectory, _s_model,
+ _s_affinity, _s_restore_s, _s_timeout_s) = (ActionSpec.__dict__[f].__set__ for f in _FIELDS)
 
 
 def _instance(self: ActionSpec, hint_s: float | None, trajectory: str | None) -> ActionSpec:
-    """``ActionSpec.instance``, one assignment per field written out (no loop over the fields, no getattr):
-    the simulator copies a spec per action, about a million times in the scale run. A field added to
-    ActionSpec must be added here (``tests/test_spec.py`` checks every field is copied)."""
+    """``ActionSpec.instance``, one assignment per field written out through the slot descriptors (no loop
+    over the fields, no setattr by name): the simulator copies a spec per action, about a million times in
+    the scale run. A field added to ActionSpec must be added here (``tests/test_spec.py`` checks every field
+    is copied; the unpacking above fails at import if the count differs)."""
     o = _new(ActionSpec)
-    _set(o, "kind", self.kind)
-    _set(o, "resource", self.resource)
-    _set(o, "units_min", self.units_min)
-    _set(o, "units_max", self.units_max)
-    _set(o, "parallel_fraction", self.parallel_fraction)
-    _set(o, "hint_s", hint_s)
-    _set(o, "trajectory", trajectory)
-    _set(o, "model", self.model)
-    _set(o, "affinity", self.affinity)
-    _set(o, "restore_s", self.restore_s)
-    _set(o, "timeout_s", self.timeout_s)
+    _s_kind(o, self.kind)
+    _s_resource(o, self.resource)
+    _s_units_min(o, self.units_min)
+    _s_units_max(o, self.units_max)
+    _s_parallel_fraction(o, self.parallel_fraction)
+    _s_hint_s(o, hint_s)
+    _s_trajectory(o, trajectory)
+    _s_model(o, self.model)
+    _s_affinity(o, self.affinity)
+    _s_restore_s(o, self.restore_s)
+    _s_timeout_s(o, self.timeout_s)
     return o
 
 

@@ -114,3 +114,21 @@ def test_kinds_are_separate_and_cache_follows_new_observations():
     observe_all(est, "a", [(math.log(8), None)] * MIN_SAMPLES)
     var_w = 16 * math.log(2) ** 2 / 15
     assert est.expected(make_spec("a")) == pytest.approx(math.exp(math.log(4) + var_w / 2), rel=1e-9)
+
+
+def test_issue_is_issued_then_expected():
+    """``issue`` (the policy's one call per action) records the hint and estimates exactly as the two calls do."""
+    import random
+
+    rng = random.Random(5)
+    one, two = Estimator(), Estimator()
+    for i in range(300):
+        kind = "ab"[i % 2]
+        hint = rng.choice([None, 0.0, rng.lognormvariate(0, 1.5)])
+        s = make_spec(kind, hint_s=hint)
+        two.issued(s)
+        assert one.issue(s) == two.expected(s)
+        if i % 3 == 0:
+            work = rng.lognormvariate(0.5, 1.0)
+            one.observe(s, work)
+            two.observe(s, work)

@@ -63,11 +63,33 @@ class Estimator:
             ks.hints = Welford()
         ks.hints.add(math.log(h))
 
+    def issue(self, spec: ActionSpec) -> float:
+        """``issued(spec)`` then ``expected(spec)``, in one call (one lookup, one log of the hint): the
+        policy does both for every action it is given."""
+        h = spec.hint_s
+        ks = self.kinds.get(spec.kind)
+        if not h or h <= 0 or not self.from_hints:
+            log_h = None
+        else:
+            if ks is None:
+                ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
+            if ks.hints is None:
+                ks.hints = Welford()
+            log_h = math.log(h)
+            ks.hints.add(log_h)
+        if ks is None or ks.work.n < MIN_SAMPLES:
+            return h if h else self.default_s
+        return self._posterior(ks, h, log_h)
+
     def expected(self, spec: ActionSpec) -> float:
         ks = self.kinds.get(spec.kind)
         h = spec.hint_s
         if ks is None or ks.work.n < MIN_SAMPLES:
             return h if h else self.default_s
+        return self._posterior(ks, h, None)
+
+    def _posterior(self, ks: KindStats, h: float | None, log_h: float | None) -> float:
+        """The posterior mean of the work, ``h`` the hint (``log_h`` its log, if known)."""
         c = ks.est_cache
         if c is None:  # what finished changes only when an action finishes: cached until then
             var_e = max(ks.error.var, 1e-6) if ks.error.n >= MIN_SAMPLES else math.inf
@@ -88,7 +110,7 @@ class Estimator:
         wh = 1.0 / var_e
         ww = 1.0 / var_w
         post_var = 1.0 / (wh + ww)
-        post_mu = (mu * ww + (math.log(h) - bias) * wh) * post_var
+        post_mu = (mu * ww + ((math.log(h) if log_h is None else log_h) - bias) * wh) * post_var
         return math.exp(post_mu + post_var / 2)
 
     def observe(self, spec: ActionSpec, work_s: float) -> None:

@@ -325,8 +325,7 @@ class TangramPolicy(Policy):
             self._touch(traj, now)
         if self.fresh:
             self.fresh.discard(traj)
-        self.est.issued(spec)
-        est = self.est.expected(spec)
+        est = self.est.issue(spec)  # its hint recorded, then its expected work
         if traj is not None and self.opt.admission:
             self._limit_dirty = True
             t_end = self.last_end.get(traj)
@@ -511,11 +510,10 @@ class TangramPolicy(Policy):
                 and len(queue) <= opt.admit_tail * active):
             limit = math.inf
         while queue:
-            t, asked = next(iter(queue.items()))
-            if (active >= limit and now - asked < max_wait
-                    and not (opt.admission_step and self._step_short())):
-                break
-            queue.popitem(last=False)
+            if active >= limit and not (opt.admission_step and self._step_short()):
+                if max_wait == math.inf or now - next(iter(queue.values())) < max_wait:
+                    break  # (the head's wait is read only where it may admit it)
+            t, _ = queue.popitem(last=False)
             self.admitted.add(t)
             active = len(self.admitted)
             self.fresh.add(t)
@@ -952,8 +950,11 @@ class TangramPolicy(Policy):
         if self.opt.makespan:
             price /= 1.0 + self.opt.makespan * est / self._t_ref(now)
         k, s_k = lo, 1.0
+        p = spec.parallel_fraction
+        q = 1.0 - p
+        s_lo = 1.0 / (q + p / lo)
         while k < hi:
-            s_next = spec.scale(k + 1)
+            s_next = s_lo / (1.0 / (q + p / (k + 1)))  # spec.scale(k + 1), inlined (k + 1 > lo)
             saved = s_k - s_next                     # seconds saved per second of work on lo units
             extra = (k + 1) * s_next - k * s_k       # extra unit-seconds per second of work
             if extra > 0 and saved < price * extra:

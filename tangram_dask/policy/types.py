@@ -27,7 +27,7 @@ class ReplicaSpec:
     gpus: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Start:
     """Start ``action`` on ``node`` with ``units`` units.
 
@@ -51,6 +51,27 @@ class Start:
     cross_group: bool = False
     sandbox: str = "warm"
     restore_from: str = ""  # with restore: the node that holds the trajectory's state
+
+    def __init__(self, action: ActionId, node: str, units: int, gpus: tuple[int, ...] = (),
+                 replica: ReplicaId | None = None, load: bool = False, evict: tuple[ReplicaId, ...] = (),
+                 restore: bool = False, cross_group: bool = False, sandbox: str = "warm", restore_from: str = ""):
+        # dataclass's own __init__ for a frozen class sets each field with object.__setattr__ by name; the
+        # slot descriptors set them 3x faster (a Start per action: about a million in the scale run)
+        _s_action(self, action)
+        _s_node(self, node)
+        _s_units(self, units)
+        _s_gpus(self, gpus)
+        _s_replica(self, replica)
+        _s_load(self, load)
+        _s_evict(self, evict)
+        _s_restore(self, restore)
+        _s_cross_group(self, cross_group)
+        _s_sandbox(self, sandbox)
+        _s_restore_from(self, restore_from)
+
+
+(_s_action, _s_node, _s_units, _s_gpus, _s_replica, _s_load, _s_evict, _s_restore, _s_cross_group, _s_sandbox,
+ _s_restore_from) = (Start.__dict__[f].__set__ for f in Start.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
