@@ -464,8 +464,12 @@ class TangramPolicy(Policy):
         try:
             decide(aid, p, *args)
         except Exception as e:  # a policy bug must cost one action, never the pool
-            self._reject(aid, f"the tangram policy could not place action {aid!r} ({p.spec.kind}): "
-                              f"{type(e).__name__}: {e}")
+            self._failed(aid, p, e)
+
+    def _failed(self, aid: ActionId, p: Pending, e: Exception) -> None:
+        """One decision raised (``_guarded``, or its inlined form on the hot CPU and API paths)."""
+        self._reject(aid, f"the tangram policy could not place action {aid!r} ({p.spec.kind}): "
+                          f"{type(e).__name__}: {e}")
 
     def _admit(self, now: float, out: list[Decision]) -> None:
         """Admit trajectories while the expected demand on each resource stays under its target (Little's law).
@@ -749,7 +753,10 @@ class TangramPolicy(Policy):
             if where is _HOME:
                 self._wait_home(aid, p, self.home[p.spec.trajectory], now)
             else:
-                self._guarded(aid, p, self._place_cpu, where, now, out)
+                try:  # self._guarded(aid, p, self._place_cpu, ...), inlined: once per CPU action
+                    self._place_cpu(aid, p, where, now, out)
+                except Exception as e:  # a policy bug must cost one action, never the pool
+                    self._failed(aid, p, e)
 
     def _fit_cpu(self, p: Pending, now: float) -> "str | tuple | object":
         """Phase 2-3, fit and place: the node for the head, ``_HOME`` (wait at home), or why it waits
@@ -926,7 +933,10 @@ class TangramPolicy(Policy):
                 pool.blocked = ("API tokens in use", p.spec, api.total_free)
                 return
             pool.pop(aid)
-            self._guarded(aid, p, self._place_api, pool, now, out)
+            try:  # self._guarded(aid, p, self._place_api, ...), inlined: once per API action
+                self._place_api(aid, p, pool, now, out)
+            except Exception as e:  # a policy bug must cost one action, never the pool
+                self._failed(aid, p, e)
 
     def _place_api(self, aid: ActionId, p: Pending, pool: Pool, now: float, out: list[Decision]) -> None:
         spec, api = p.spec, self.api
