@@ -79,7 +79,26 @@ class Reject:
     shortfall: Shortfall | None = None
 
 
-Decision = Start | Admit | Reject
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load a replica of ``model`` on ``gpus`` of ``node`` in the background (after evicting ``evict``).
+
+    No action waits inside it: the replica is loading (its GPUs held, not ready)
+    until the world reports it ready (``Policy.loaded(replica, now)``), after
+    ``load_s`` in the simulator. Actions of the model queued meanwhile wait for
+    whichever replica is ready first. Only a policy with ``background_load``
+    makes it.
+    """
+
+    node: str
+    gpus: tuple[int, ...]
+    model: str
+    replica: ReplicaId
+    evict: tuple[ReplicaId, ...] = ()
+    cross_group: bool = False
+
+
+Decision = Start | Admit | Reject | Load
 
 
 @dataclass(frozen=True, slots=True)
