@@ -107,3 +107,67 @@ def test_the_audit_refuses_a_start_on_a_replica_still_loading():
     audit.start(1, Start(1, node, 1, (1,), 7), rM, 11.0)  # ready now
     with pytest.raises(AuditError, match="GPU memory over-allocated"):
         audit.load(Load(node, (1,), "M", 8))  # 60 + 60 GB on one 80 GB GPU
+
+
+# -- whole runs: audit clean, every action started once, the same run twice ------------------------------
+import copy  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+from hypothesis import given  # noqa: E402
+from test_properties import SETTINGS, _feasible, scenarios  # noqa: E402
+
+from tangram_dask.cluster import parse_cluster  # noqa: E402
+from tangram_dask.workload import generate, parse_workload  # noqa: E402
+
+VARIANTS = Path(__file__).resolve().parents[1] / "resources" / "variants"
+OPTS = [TangramOptions(background_load=1.0),
+        TangramOptions(background_load=1.0, load_ahead=1.0, admission_model=0.6, admission_open=16, plan_loads=1)]
+IDS = ["background", "background-ahead-gate"]
+
+
+def _decisions(wl, cl, opt):
+    gen = generate(wl)
+    pol = make_policy("tangram", cl, wl, options=opt)
+    log = []
+    schedule = pol.schedule
+
+    def logged(now):
+        out = schedule(now)
+        log.extend(out)
+        return out
+    pol.schedule = logged
+    res = Simulator(gen, cl, pol, audit=True).run()  # raises on over-allocation, a stuck action or a bad Load
+    starts = sorted(d.action for d in log if isinstance(d, Start))
+    assert starts == list(range(gen.n_actions))
+    loads = [d for d in log if isinstance(d, Load)]
+    assert res.model_loads == len(loads)  # with background_load no action loads its replica itself
+    assert not any(isinstance(d, Start) and d.load for d in log)
+    assert not any(r.loading for r in pol.gpu.replicas.values())  # every load was reported ready
+    return log, res
+
+
+@pytest.mark.parametrize("opt", OPTS, ids=IDS)
+@pytest.mark.parametrize("seed, gpus", [(31, None), (103, 8)])
+def test_gpu_bound_runs_with_background_loads_audit_clean_and_repeat(opt, seed, gpus):
+    wd = yaml.safe_load((VARIANTS / "gpu-bound.yaml").read_text())
+    cd = yaml.safe_load((VARIANTS / "cluster-gpu-mixed.yaml").read_text())
+    wd.update(seed=seed, trajectories=64)
+    if gpus:  # fewer GPUs: more evictions
+        cd = copy.deepcopy(cd)
+        cd["gpu"]["nodes"] = cd["gpu"]["nodes"][:1]
+    wl, cl = parse_workload(wd, "gpu-bound"), parse_cluster(cd, "gpu-mixed")
+    log, res = _decisions(wl, cl, opt)
+    assert any(isinstance(d, Load) for d in log)
+    log2, res2 = _decisions(wl, cl, opt)
+    assert log == log2 and res.end.tolist() == res2.end.tolist()
+
+
+@pytest.mark.parametrize("opt", OPTS, ids=IDS)
+@SETTINGS
+@given(scenario=scenarios())
+def test_random_runs_with_background_loads_audit_clean(opt, scenario):
+    wd, cd = scenario
+    wl, cl = parse_workload(wd, "<prop workload>"), parse_cluster(cd, "<prop cluster>")
+    _feasible(wl, cl)
+    _decisions(wl, cl, opt)
