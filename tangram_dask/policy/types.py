@@ -2,8 +2,9 @@
 
 A policy is driven by events (``submit``, ``finish``, ``begin_trajectory``,
 ``end_trajectory``, nodes joining and leaving) and answers ``schedule(now)``
-with decisions: :class:`Start` (run this action here, on this many units)
-and :class:`Admit` (a trajectory may begin). "Nothing fits now" is a value,
+with decisions: :class:`Start` (run this action here, on this many units),
+:class:`Admit` (a trajectory may begin) and :class:`Load` (load a replica in
+the background; the world answers ``loaded`` when it is ready). "Nothing fits now" is a value,
 :class:`Shortfall`, never an exception.
 """
 
