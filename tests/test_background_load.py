@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import hand_run, kind, make_cluster, make_workload
 
+from tangram_dask.cluster import GpuNode
 from tangram_dask.policy import Load, Start, TangramOptions, TangramPolicy, make_policy
 from tangram_dask.policy.types import ReplicaSpec
 from tangram_dask.sim import AuditError, Simulator, _Audit
@@ -171,3 +172,19 @@ def test_random_runs_with_background_loads_audit_clean(opt, scenario):
     wl, cl = parse_workload(wd, "<prop workload>"), parse_cluster(cd, "<prop cluster>")
     _feasible(wl, cl)
     _decisions(wl, cl, opt)
+
+
+def test_a_node_that_leaves_mid_load_takes_its_loading_replica_and_the_action_loads_again():
+    pol, node = _policy()
+    pol.submit("a1", _action("t1"), 0.0)
+    pol.schedule(0.0)
+    pol.submit("a2", _action("t2"), 1.0)
+    (load,) = pol.schedule(1.0)
+    assert isinstance(load, Load) and pol._loading == {load.replica: "M"}
+    lost = pol.remove_node(node)  # a1 was running there; the replicas are gone with the node
+    assert lost == ["a1"] and pol._loading == {} and not pol.gpu.replicas
+    pol.loaded(load.replica, 11.0)  # a late report of the gone replica changes nothing
+    assert pol.schedule(11.0) == [] and "a2" in pol.unplaceable  # no GPU node left: it waits for one
+    pol.add_gpu_node(GpuNode("gpu-new", 1, 80.0, (1,)))
+    (again,) = pol.schedule(12.0)
+    assert isinstance(again, Load) and again.node == "gpu-new" and again.replica != load.replica

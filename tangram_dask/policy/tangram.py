@@ -448,6 +448,9 @@ class TangramPolicy(Policy):
         return out
 
     def _capacity_changed(self) -> None:
+        if self._loading:  # a node left with replicas loading there: they are gone
+            for rid in [r for r in self._loading if r not in self.gpu.replicas]:
+                del self._loading[rid]
         self._limit_dirty = True
         for name in self.pools:
             self.dirty[name] = None
