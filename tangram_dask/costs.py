@@ -45,8 +45,12 @@ class CostModel:
             s = self.warm_start_s if sandbox == "warm" else (self.cold_start_s if sandbox == "cold" else 0.0)
             return s + (spec.restore_s if restore else 0.0)
         if spec.resource == "gpu" and load:
-            return self.load_s.get(spec.model or "", 0.0)
+            return self.load_time_s(spec.model or "")
         return 0.0
+
+    def load_time_s(self, model: str) -> float:
+        """Seconds a replica of ``model`` takes to load (a ``Start`` with ``load`` or a background ``Load``)."""
+        return self.load_s.get(model, 0.0)
 
     def run_s(self, spec: ActionSpec, units: int, duration_s: float, cross_group: bool = False) -> float:
         """Seconds of work on ``units`` units, for an action of true ``duration_s`` on ``units.min``."""

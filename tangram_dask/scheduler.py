@@ -53,10 +53,10 @@ from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .errors import PlacementError, SpecError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, GRANT_KEY,
-                       Grant, WorkerDeclaration)
+                       WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
-from .policy.types import Reject, ReplicaSpec, Start
+from .policy.types import Load, Reject, ReplicaSpec, Start
 from .spec import ActionSpec
 from .models.scheduler import install_residency
 from .adaptive import install as install_adaptive
@@ -146,6 +146,7 @@ class PluginStats:
     flushes: int = 0
     flush_s: float = 0.0
     policy_errors: int = 0
+    loads_ahead: int = 0  # Load decisions sent to workers (background loads)
 
 
 def _frozen(x: Any) -> Any:
@@ -540,6 +541,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             if d.__class__ is Reject:
                 fails[d.action] = self._rejection(d)
                 continue
+            if d.__class__ is Load:  # a background load: the worker loads, no action waits inside it
+                self._load(d)
+                continue
             if d.__class__ is not Start:  # Admit: a trajectory may begin
                 ev = self._admissions.pop(d.trajectory, None)
                 if ev is not None:
@@ -607,6 +611,39 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         else:
             ts.worker_restrictions = self._only(worker)
             recs[key] = "processing"
+
+    def _load(self, d: Load) -> None:
+        """A ``Load`` decision: ask its worker to load the replica ahead of any action (``tangram_worker_load``).
+
+        The policy holds the replica's GPUs until it is ready: the worker's residency report
+        (``resident`` or ``failed``, :mod:`tangram_dask.models.scheduler`) calls ``policy.loaded``.
+        If the request cannot reach the worker, the replica is reported ready at once: a later
+        grant names it, and the worker loads it then, as for any grant of a replica it lacks.
+        """
+        self.stats.loads_ahead += 1
+        self.scheduler.loop.add_callback(self._send_load, d)
+
+    async def _send_load(self, d: Load) -> None:
+        try:
+            reply = await getattr(self.scheduler.rpc(d.node), WORKER_LOAD_HANDLER)(
+                replica=int(d.replica), model=d.model, gpus=list(d.gpus), evict=[int(e) for e in d.evict])
+            failed = isinstance(reply, dict) and reply.get("status") == "failed"
+        except Exception as e:  # the worker left or is unreachable
+            logger.warning("tangram: could not ask %s to load replica %d of %s: %s", d.node, d.replica, d.model, e)
+            failed = True
+        if failed and self.policy is not None:
+            self.policy.loaded(d.replica, self.now())
+            self._kick()
+
+    def replica_ready(self, worker: str, replica: int) -> None:
+        """A worker reported a replica resident (or its load failed): a background load is over."""
+        pol = self.policy
+        if pol is None:
+            return
+        r = pol.gpu.replicas.get(replica)
+        if r is not None and r.loading and r.node == worker:
+            pol.loaded(replica, self.now())
+            self._kick()
 
     def _granted_annotations(self, own: dict | None, wire: tuple) -> dict:
         """The task's annotations with the grant beside the user's (whose spec dict is not copied).

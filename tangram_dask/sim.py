@@ -22,10 +22,10 @@ from .costs import CostModel
 from .errors import FileFormatError
 from .policy.base import Policy
 from .policy.feasibility import Capacity, never_fits
-from .policy.types import Admit, Reject, Start
+from .policy.types import Admit, Load, Reject, Start
 from .workload import Generated
 
-COMPLETE, ISSUE, BEGIN = 0, 1, 2
+COMPLETE, ISSUE, BEGIN, LOADED = 0, 1, 2, 3
 
 
 def _no_clock() -> float:
@@ -107,8 +107,8 @@ class Simulator:
         pol = _Timed(self.policy, self.timer) if self.time_policy else self.policy
         self.pol = pol
         heap, pop = self.heap, heapq.heappop
-        handlers = (self._complete, self._issue, self._begin)
-        apply = {Start: self._start, Admit: self._admit, Reject: self._rejected}
+        handlers = (self._complete, self._issue, self._begin, self._loaded)
+        apply = {Start: self._start, Admit: self._admit, Reject: self._rejected, Load: self._load}
         progress, next_report, n = self.progress, 0, self.n
         schedule = pol.schedule
         self._begin_step(0, 0.0)
@@ -251,6 +251,22 @@ class Simulator:
         heapq.heappush(self.heap, (now + setup + r, COMPLETE, self.seq, a))  # _push, inlined
         self.seq += 1
 
+    def _load(self, d: Load, now: float) -> None:
+        """A background load: the replica is ready after the cost model's ``load_s``; no action waits in it."""
+        load_s = self.costs.load_time_s(d.model)
+        self.loads += 1
+        if self.audit:
+            self.audit.load(d)
+        self.busy["gpu"] += len(d.gpus) * load_s
+        if self.spans is not None:
+            self.spans.append((now, now + load_s, "gpu", len(d.gpus)))
+        self._push(now + load_s, LOADED, d.replica)
+
+    def _loaded(self, rid: int, now: float) -> None:
+        if self.audit:
+            self.audit.loaded(rid)
+        self.pol.loaded(rid, now)
+
     def _admit(self, d: Admit, now: float) -> None:
         t = self.index[d.trajectory]
         self.admitted += 1
@@ -368,12 +384,7 @@ class _Audit:
             self.holding[a] = ("api", d.units, d.sandbox == "bound")
         else:
             for rid in d.evict:
-                if rid in self.replica_busy or rid not in self.replicas:
-                    raise AuditError(f"action {a} evicts replica {rid}, which is busy or not resident")
-                model, node, gpus = self.replicas.pop(rid)
-                share = self.models[model].gpu_memory_gb / len(gpus)
-                for i in gpus:
-                    self.mem[(node, i)] -= share
+                self._evict(rid, f"action {a}")
             if d.load:
                 if d.replica in self.replicas:
                     raise AuditError(f"action {a} loads replica {d.replica}, which is already resident")
@@ -394,6 +405,37 @@ class _Audit:
                 self.gpu_busy[(d.node, i)] = 1
             self.replica_busy.add(d.replica)
             self.holding[a] = ("gpu", d.node, d.gpus, d.replica)
+
+    def _evict(self, rid: int, who: str) -> None:
+        if rid in self.replica_busy or rid not in self.replicas:
+            raise AuditError(f"{who} evicts replica {rid}, which is busy or not resident")
+        model, node, gpus = self.replicas.pop(rid)
+        share = self.models[model].gpu_memory_gb / len(gpus)
+        for i in gpus:
+            self.mem[(node, i)] -= share
+
+    def load(self, d: Load) -> None:
+        """A background load holds its replica and GPUs (nothing else may run on them) until ``loaded``."""
+        who = f"load of replica {d.replica} ({d.model})"
+        for rid in d.evict:
+            self._evict(rid, who)
+        if d.replica in self.replicas:
+            raise AuditError(f"{who}: the replica is already resident")
+        self._place(d.replica, d.model, d.node, d.gpus)
+        cross = len({self.group_of[d.node][i] for i in d.gpus}) > 1
+        if cross != d.cross_group:
+            raise AuditError(f"{who}: cross_group={d.cross_group} but GPUs {d.gpus} span {cross}")
+        for i in d.gpus:
+            if self.gpu_busy.get((d.node, i)):
+                raise AuditError(f"{who}: GPU {i} on {d.node} is running an action")
+            self.gpu_busy[(d.node, i)] = 1
+        self.replica_busy.add(d.replica)
+
+    def loaded(self, rid: int) -> None:
+        model, node, gpus = self.replicas[rid]
+        for i in gpus:
+            self.gpu_busy[(node, i)] = 0
+        self.replica_busy.discard(rid)
 
     def end_trajectory(self, name: str) -> None:
         node, units, tokens = self.bindings.pop(name)

@@ -59,9 +59,9 @@ def wait_until(cond, timeout: float = 30.0, what: str = "") -> None:
 
 
 class Cluster:
-    def __init__(self, policy: str, workers: dict, paths: dict, loader=NumpyLoader):
+    def __init__(self, policy: str, workers: dict, paths: dict, loader=NumpyLoader, tangram=None):
         declared = {m: ModelSpec(m, param_bytes(r) / 1e9, 0.2) for m, r in ROWS.items()}
-        self.plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0)
+        self.plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0, tangram=tangram)
         self.cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
                                     scheduler_kwargs={"plugins": [self.plugin]})
         self.cluster.worker_spec.update(workers)
@@ -244,5 +244,30 @@ def test_a_worker_killed_while_loading_loses_no_action(paths):
         served = [w for w, reps in st_.replicas.items() if any(r.state == "resident" for r in reps.values())]
         assert served and victim not in served
         assert models_snapshot(c.client)["counts"]["loads"] >= 1
+    finally:
+        c.close()
+
+
+# -- background loads (Load decisions): the worker loads, no action waits inside the load -------------------
+def test_a_background_load_is_loaded_by_its_worker_before_the_action_is_granted(paths):
+    from tangram_dask.policy import TangramOptions
+    c = Cluster("tangram", {"gpu-0": gpu_worker("gpu-0", 1)}, paths, loader=SlowLoader,
+                tangram=TangramOptions(background_load=1.0))
+    c.plugin.grants = {}
+    try:
+        with tangram_dask.action(kind="score", resource="gpu", model="m-a", hint_s=0.1):
+            fut = c.client.submit(hold, "m-a", 0.0, pure=False)
+        pol = c.plugin.policy
+        wait_until(lambda: any(r.loading for r in pol.gpu.replicas.values()), what="a background load")
+        (rid,) = [k for k, r in pol.gpu.replicas.items() if r.loading]
+        time.sleep(0.5)  # the loader takes 2.5 s: the action waits in its queue meanwhile, granted nothing
+        assert not c.plugin.grants and fut.key in pol.pools["m-a"].waiting
+        out = fut.result(timeout=60)
+        assert out["first"] == pytest.approx(1.0, abs=1e-5)
+        (grant,) = c.plugin.grants.values()
+        assert (grant.replica, grant.load, grant.evict, grant.setup_s) == (rid, False, (), 0.0)
+        assert out["replica"] == rid and not pol.gpu.replicas[rid].loading
+        assert c.plugin.stats.loads_ahead == 1
+        assert models_snapshot(c.client)["counts"]["loads"] == 1
     finally:
         c.close()

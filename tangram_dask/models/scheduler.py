@@ -114,6 +114,10 @@ class SchedulerResidency:
                            r.error)
         if r.state == "resident":
             self._measured(r)
+        if r.state in ("resident", "failed"):
+            ready = getattr(self.plugin, "replica_ready", None)
+            if ready is not None:
+                ready(worker, r.replica)  # a background load (a Load decision) is over
         for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
             del self.replicas[addr]  # workers gone
         self.reconcile()

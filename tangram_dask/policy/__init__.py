@@ -14,12 +14,12 @@ from .fifo import FifoPolicy
 from .split import static_split
 from .static import StaticPolicy
 from .tangram import TangramOptions, TangramPolicy
-from .types import Admit, Decision, PolicySnapshot, PoolStats, ReplicaSpec, Shortfall, Start
+from .types import Admit, Decision, Load, PolicySnapshot, PoolStats, ReplicaSpec, Shortfall, Start
 
 POLICY_NAMES = ("tangram", "fifo", "static")
 
 __all__ = ["Policy", "TangramPolicy", "TangramOptions", "FifoPolicy", "StaticPolicy", "make_policy",
-           "static_split", "Start", "Admit", "Decision", "Shortfall", "PoolStats", "PolicySnapshot",
+           "static_split", "Start", "Admit", "Load", "Decision", "Shortfall", "PoolStats", "PolicySnapshot",
            "ReplicaSpec", "POLICY_NAMES"]
 
 

@@ -15,8 +15,8 @@ from ..cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from ..spec import ActionSpec
 from .feasibility import Capacity, GpuShape, never_fits
 from .ledger import CpuPool, GpuPool, TokenPool
-from .types import (ActionId, Admit, Decision, NodeStats, PolicySnapshot, PoolStats, Reject, ReplicaId, ReplicaSpec,
-                    Shortfall, Start)
+from .types import (ActionId, Admit, Decision, Load, NodeStats, PolicySnapshot, PoolStats, Reject, ReplicaId,
+                    ReplicaSpec, Shortfall, Start)
 
 
 @dataclass(slots=True)
@@ -43,6 +43,7 @@ class Policy:
     - ``finish(action_id, now, run_s)``: it ended; ``run_s`` is its observed
       run time (setup excluded), which the policy may learn from
     - ``cancel(action_id)``: forget it, free what it held
+    - ``loaded(replica, now)``: a background load (a :class:`Load` decision) is over, the replica is ready
     - ``add_cpu_node`` / ``add_gpu_node`` / ``remove_node`` / ``set_api_tokens``
     - ``schedule(now) -> list[Start | Admit | Reject]``: what to start now
 
@@ -180,6 +181,14 @@ class Policy:
             return True
         return self._drop_pending(aid)
 
+    def loaded(self, replica: ReplicaId, now: float) -> None:
+        """A background load (:class:`Load`) ended: the replica is ready. Safe for an unknown replica."""
+        if self.gpu.loaded(replica, now):
+            self._replica_ready(replica, now)
+
+    def _replica_ready(self, replica: ReplicaId, now: float) -> None:
+        pass
+
     def schedule(self, now: float) -> list[Decision]:
         if self._seen:
             self._expire(now)
@@ -294,6 +303,14 @@ class Policy:
         for rid in evict:
             self.gpu.evict(rid)
         return self.gpu.place(model, node, gpus, self.models[model].gpu_memory_gb, now)
+
+    def _load_ahead(self, model: str, node: str, gpus: tuple[int, ...], evict: Iterable[ReplicaId],
+                    now: float) -> Load:
+        """A background load: the replica is resident and loading (its GPUs held) until ``loaded``."""
+        evict = tuple(evict)
+        rid = self._load(model, node, gpus, evict, now)
+        self.gpu.begin_load(rid, now)
+        return Load(node, tuple(gpus), model, rid, evict, self.gpu.replicas[rid].cross_group)
 
     def _pool_stats(self) -> list[PoolStats]:
         """One entry per resource; subclasses add queue figures and per-model pools."""

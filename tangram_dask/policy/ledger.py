@@ -190,6 +190,7 @@ class Replica:
     busy: bool = False
     last_used: float = 0.0
     cross_group: bool = False
+    loading: bool = False  # a background load (``Load``): busy, its GPUs held, until ``loaded``
 
 
 @dataclass(slots=True)
@@ -316,6 +317,25 @@ class GpuPool:
         self.idle += len(r.gpus)
         for other in touched:
             self._refresh(self.replicas[other])
+
+    def begin_load(self, rid: ReplicaId, now: float) -> None:
+        """A background load: the replica and its GPUs are held (not ready) until :meth:`loaded`."""
+        self.acquire(rid, now)
+        self.replicas[rid].loading = True
+
+    def loaded(self, rid: ReplicaId, now: float) -> bool:
+        """The background load of ``rid`` is over: it is ready. False if it was not loading (or is gone)."""
+        r = self.replicas.get(rid)
+        if r is None or not r.loading:
+            return False
+        r.loading = False
+        self.release(rid, now)
+        return True
+
+    def loading_of(self, model: str) -> int:
+        """Replicas of ``model`` in a background load."""
+        reps = self.replicas
+        return sum(1 for rid in self.by_model.get(model, ()) if reps[rid].loading)
 
     def _refresh(self, r: Replica) -> None:
         st = self.nodes[r.node]

@@ -92,6 +92,11 @@ class TangramOptions:
     admission_open: float = 0.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 0.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # admission_model busy loads one as soon as one of its actions waits
+    background_load: float = 0.0  # 1: a load is a Load decision no action waits inside; the action that
+                                  # wanted it stays queued and takes whichever replica is ready first
+    load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
+                                # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
+                                # GPUs, on a site that evicts nothing with demand and blocks no busy model
 
 
 class Pending(tuple):
@@ -126,7 +131,7 @@ class Pool:
     ``TangramPolicy._shortfall`` for snapshots), or None.
     """
 
-    __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked", "demand")
+    __slots__ = ("name", "resource", "heap", "waiting", "qmin", "rmin", "qwork", "blocked", "demand", "arrivals")
 
     def __init__(self, name: str, resource: str, horizon_s: float = 30.0):
         self.name = name
@@ -139,6 +144,7 @@ class Pool:
         self.blocked: tuple | None = None
         # expected work submitted per second (seconds of work on units.min): the pool's recent demand
         self.demand = Rate(horizon_s, settled=True)
+        self.arrivals = Rate(horizon_s, settled=True)  # actions submitted per second (load_ahead only)
 
     def push(self, p: Pending) -> None:
         self.waiting[p[2]] = p
@@ -271,6 +277,9 @@ class TangramPolicy(Policy):
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
+        self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec
+        self._site_score: tuple | None = None  # _load_site's score of the site it chose (residency)
+        self.loads_ahead = 0  # Load decisions made (background_load)
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -353,6 +362,9 @@ class TangramPolicy(Policy):
             self.all_ests.add(log_est)
         pool = self.pool(spec)
         pool.demand.add(now, est)
+        if self.opt.load_ahead and spec.resource == "gpu":
+            pool.arrivals.add(now, 1.0)
+            self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
     def _enqueue(self, aid: ActionId, spec: ActionSpec, est: float, key: float, pool: Pool | None = None) -> None:
@@ -435,6 +447,9 @@ class TangramPolicy(Policy):
         return out
 
     def _capacity_changed(self) -> None:
+        if self._loading:  # a node left with replicas loading there: they are gone
+            for rid in [r for r in self._loading if r not in self.gpu.replicas]:
+                del self._loading[rid]
         self._limit_dirty = True
         for name in self.pools:
             self.dirty[name] = None
@@ -453,6 +468,8 @@ class TangramPolicy(Policy):
                 self._drain_api(pool, now, out)
             else:
                 self._drain_gpu(pool, now, out)
+        if self.opt.load_ahead and self.opt.background_load and self.gpu.idle:
+            self._plan_ahead(now, out)
 
     def _guarded(self, aid: ActionId, p: Pending, decide, *args) -> None:
         """Run one decision for ``aid`` (already out of its queue): all or nothing.
@@ -994,11 +1011,18 @@ class TangramPolicy(Policy):
                 pool.blocked = ("waiting for a replica of {model} (a new one is not worth its load yet)", spec,
                                 gp.idle)
                 return
+            bg = self.opt.background_load
+            if bg and gp.loading_of(model) >= len(pool.waiting):
+                pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
+                return  # a load is under way for every action that waits
             self._now = now
             site = self._load_site(model, spec)
             if site is None:
                 pool.blocked = ("no topology group can take a replica of {model} now", spec, gp.idle)
                 return
+            if bg:
+                self._begin_load(model, site, now, out)
+                continue
             pool.pop(aid)
             self._guarded(aid, p, self._load_and_start, pool, site, now, out)
 
@@ -1031,6 +1055,67 @@ class TangramPolicy(Policy):
         self._loading[rid] = pool.name
         out.append(self._start_gpu(aid, p.spec, rid, now, p.est, load=True, evict=tuple(evict)))
         pool.rmin += p.spec.units_min
+
+    def _begin_load(self, model: str, site: tuple, now: float, out: list[Decision]) -> None:
+        """``background_load``: load a replica no action waits inside (a ``Load`` decision)."""
+        node, gpus, evict = site
+        for old in evict:
+            self._unpaid.pop(old, None)
+            self._loading.pop(old, None)
+        d = self._load_ahead(model, node, gpus, evict, now)
+        if self.opt.residency:
+            self._unpaid[d.replica] = self.models[model].load_s
+        self._loading[d.replica] = model
+        self.loads_ahead += 1
+        out.append(d)
+
+    def _replica_ready(self, replica: ReplicaId, now: float) -> None:
+        self._loading.pop(replica, None)
+        for name, pool in self.pools.items():
+            if pool.resource == "gpu" and pool.waiting:
+                self.dirty[name] = None
+
+    def _plan_ahead(self, now: float, out: list[Decision]) -> None:
+        """``load_ahead``: a replica for the demand to come, loaded before any action waits for it.
+
+        A model with arrival rate ``lam`` and mean work ``s`` per action offers ``a = lam s``
+        busy replicas; on ``c`` replicas (loading ones counted) its actions wait ``Wq(c)`` on
+        average (Erlang C). One more replica saves ``lam (Wq(c) - Wq(c+1))`` seconds of waiting
+        per second; over ``load_ahead`` x the model's horizon that must beat the GPU-seconds the
+        load holds (``load_s`` x GPUs). Only on a site that evicts no replica whose model has
+        demand, blocks no model with demand (``_stalls``) and sits beside no busy replica
+        (``_contention`` 0): the load then costs nothing the demand needs.
+        """
+        gp = self.gpu
+        self._now = now
+        for model, pool in self.pools.items():
+            if pool.resource != "gpu" or not gp.idle:
+                continue
+            spec = self._ahead_spec.get(model)
+            if spec is None:
+                continue
+            a = pool.demand.rate(now)
+            n = pool.arrivals.rate(now)
+            if a <= 0 or n <= 0:
+                continue
+            c = len(gp.by_model.get(model, ()))
+            s = a / n
+            w0 = _erlang_wq(c, a, s)
+            saved = math.inf if w0 == math.inf else n * (w0 - _erlang_wq(c + 1, a, s))
+            ms = self.models[model]
+            k = ms.replica_gpus(spec.units_min, max(st.spec.gpu_memory_gb for st in gp.nodes.values()))
+            if saved * self.opt.load_ahead * pool.demand.tau <= ms.load_s * k:
+                continue
+            site = self._load_site(model, spec)
+            if site is None or self._site_score is None:
+                continue
+            stalls, n_evict, contention, _ = self._site_score
+            if stalls or saved * self.opt.load_ahead * pool.demand.tau <= ms.load_s * (len(site[1]) + contention):
+                continue  # the load would block a model's only replica, or the busy ones beside it cost more
+            if any(self._needed(gp.replicas[rid].model, now) > 0 or self._unseen_deployed(gp.replicas[rid].model)
+                   for rid in site[2]):
+                continue
+            self._begin_load(model, site, now, out)
 
     def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
         """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
@@ -1102,6 +1187,7 @@ class TangramPolicy(Policy):
         waiting = self._models_waiting()
         self._loader_density = self._density(model)
         self._loader_starved = not gp.by_model.get(model)
+        self._site_score = None
         best = None
         for name, st, k in self._replica_shapes(ms, spec):
             share = ms.gpu_memory_gb / k
@@ -1133,6 +1219,8 @@ class TangramPolicy(Policy):
                 start += size
         if best is None:
             best = self._spanning_site(model, spec, waiting)
+        elif self.opt.residency:
+            self._site_score = best[0]
         return None if best is None else best[1:]
 
     def _replica_shapes(self, ms, spec: ActionSpec):
@@ -1292,6 +1380,17 @@ class TangramPolicy(Policy):
                                  self._shortfall(pool), name, pool.qmin,
                                  round(pool.qwork, 6)))
         return out
+
+
+def _erlang_wq(c: int, a: float, s: float) -> float:
+    """Mean wait in an M/M/c queue (Erlang C) with offered load ``a`` (busy servers) and mean service ``s``."""
+    if c <= 0 or a >= c:
+        return math.inf
+    b = 1.0
+    for k in range(1, c + 1):  # Erlang B by recursion
+        b = a * b / (k + a * b)
+    pw = c * b / (c - a * (1.0 - b))
+    return pw * s / (c - a)
 
 
 _HOME = object()

@@ -2,8 +2,9 @@
 
 A policy is driven by events (``submit``, ``finish``, ``begin_trajectory``,
 ``end_trajectory``, nodes joining and leaving) and answers ``schedule(now)``
-with decisions: :class:`Start` (run this action here, on this many units)
-and :class:`Admit` (a trajectory may begin). "Nothing fits now" is a value,
+with decisions: :class:`Start` (run this action here, on this many units),
+:class:`Admit` (a trajectory may begin) and :class:`Load` (load a replica in
+the background; the world answers ``loaded`` when it is ready). "Nothing fits now" is a value,
 :class:`Shortfall`, never an exception.
 """
 
@@ -100,7 +101,26 @@ class Reject:
     shortfall: Shortfall | None = None
 
 
-Decision = Start | Admit | Reject
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load a replica of ``model`` on ``gpus`` of ``node`` in the background (after evicting ``evict``).
+
+    No action waits inside it: the replica is loading (its GPUs held, not ready)
+    until the world reports it ready (``Policy.loaded(replica, now)``), after
+    ``load_s`` in the simulator. Actions of the model queued meanwhile wait for
+    whichever replica is ready first. Only a policy with ``background_load``
+    makes it.
+    """
+
+    node: str
+    gpus: tuple[int, ...]
+    model: str
+    replica: ReplicaId
+    evict: tuple[ReplicaId, ...] = ()
+    cross_group: bool = False
+
+
+Decision = Start | Admit | Reject | Load
 
 
 @dataclass(frozen=True, slots=True)
