@@ -34,7 +34,9 @@ Trajectories are admitted (``admission > 0``, the default) only while the
 expected demand on each resource (Little's law, learned from whole
 trajectories, rewards included) stays under a target: CPU slots,
 and GPUs and API tokens (``admission_gpu``); never while queued work
-already exceeds a mean action per unit (``_queueing``).
+already exceeds a mean action per unit (``_queueing``). The CPU term is the
+knee (``admission_knee``): the CPU demand of every issued action at
+``units.max``, kept under the slots.
 
 Cost per decision: O(log n) in the pending actions, O(1) amortised in the
 number of nodes (the ledger indexes nodes by free slots); GPU loads scan the
@@ -83,6 +85,8 @@ class TangramOptions:
                                 # and every resource is under this x its capacity busy (0: only before any ended)
     admission_measured: float = 0.0  # >0: admission_issued's CPU demand also from measured units.min held/queued
     admission_step: float = 0.0  # >0: admit while waiting > this x in flight x (H_in_flight - 1) (gate sets step)
+    admission_knee: float = 1.0  # >0: CPU demand over every issued action at units.max kept under this x slots
+                                 # (the knee: past it more in flight shrink actions, not fill slots)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
@@ -255,6 +259,7 @@ class TangramPolicy(Policy):
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
         self.model_work: dict[str, float] = {}  # per model: replica-seconds submitted (at units.min)
+        self.cpu_at_max = 0.0  # CPU unit-seconds submitted, each action at units.max (admission_knee)
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
         self.traj_work: dict[str, list[float]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
@@ -347,6 +352,8 @@ class TangramPolicy(Policy):
             self.turn_units[res] += t_u * u
             if res == "gpu":
                 self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_u
+            elif res == "cpu":
+                self.cpu_at_max += est * spec.scale(spec.units_max) * spec.units_max
             acc = self.traj_work.get(traj)
             if acc is None:
                 acc = self.traj_work[traj] = [0.0, 0.0, 0.0, 0.0, 0.0]
@@ -678,6 +685,12 @@ class TangramPolicy(Policy):
         the GPUs and the API quota count as well as the CPU slots: a GPU-bound
         workload saturates GPUs long before CPU slots, and past that point more
         trajectories in flight only queue at the reward models.
+
+        With ``admission_knee`` (the default, unless ``admission_issued`` states the CPU term) the CPU
+        demand is that of every issued action at ``units.max``: under ``admission_knee`` x the slots, one
+        more trajectory in flight fills idle slots; past it, it shrinks elastic actions (ACT) for the
+        throughput narrower actions give. The ended trajectories' figure at ``units.min`` is read from
+        the short ones and, on 32 slots, never bound.
         """
         opt = self.opt
         a_gpu = opt.admission_gpu
@@ -707,6 +720,13 @@ class TangramPolicy(Policy):
             x0 = self.turn_units["cpu"] / per_issued
             x2 = self.turn_units["api"] / per_issued
             c0 = c2 = self.gaps.mean + self.turn_time.mean
+        elif opt.admission_knee:  # admission_issued, where set, states the CPU term
+            # The knee: past it the CPU cannot hold every action at its largest size, so one more trajectory
+            # in flight shrinks actions (ACT) rather than filling idle slots (throughput). Every issued action
+            # says it, not only those of the trajectories that ended first (the short ones).
+            cap0 = opt.admission_knee * slots
+            x0 = self.cpu_at_max / max(self.turn_time.n, 1)
+            c0 = self.gaps.mean + self.turn_time.mean
         limit = math.inf
         binds = -1
         other = math.inf  # the limit set by the GPUs and the API tokens alone
