@@ -41,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from time import monotonic, perf_counter
-from typing import Any, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -208,6 +208,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         #: set), else None: the monitor counts a submission there
         self.arrived: Hashable | None = None
         self._t_arrival = -1.0  # the submit time last given to an arriving action (shared within 1 ms)
+        #: called with each background ``Load`` decision as it is applied (no task transition shows one):
+        #: the dashboard monitor counts and logs it there
+        self.load_listeners: list[Callable[[Load], None]] = []
         self.nodes: dict[str, WorkerDeclaration] = {}
         self.stats = PluginStats()
         self._cpu_workers: dict[str, None] = {}
@@ -621,6 +624,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         grant names it, and the worker loads it then, as for any grant of a replica it lacks.
         """
         self.stats.loads_ahead += 1
+        for listen in self.load_listeners:
+            try:
+                listen(d)
+            except Exception:  # an observer's error never stops the load
+                logger.exception("tangram: load listener %r failed", listen)
         self.scheduler.loop.add_callback(self._send_load, d)
 
     async def _send_load(self, d: Load) -> None:

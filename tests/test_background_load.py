@@ -64,8 +64,8 @@ def test_a_waiting_action_takes_whichever_replica_is_ready_first():
     assert pol.schedule(10.5) == [] and load.replica in pol.gpu.ready["M"]
 
 
-def test_off_by_default_the_action_waits_inside_its_load():
-    pol, _ = _policy(TangramOptions(admission=0.0))
+def test_without_background_loads_the_action_waits_inside_its_load():
+    pol, _ = _policy(TangramOptions(admission=0.0, background_load=0.0))
     pol.submit("a1", _action("t1"), 0.0)
     pol.schedule(0.0)
     pol.submit("a2", _action("t2"), 1.0)

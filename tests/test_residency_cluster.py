@@ -240,7 +240,9 @@ def test_a_worker_killed_while_loading_loses_no_action(paths):
         os.kill(pid, signal.SIGKILL)  # the worker process we started, mid-load
         out = fut.result(timeout=90)
         assert out["first"] == pytest.approx(1.0, abs=1e-5)
-        assert c.plugin.stats.cancelled >= 1  # the policy saw the action lost and placed it again
+        # The action lost with its worker and placed again (a load inside the action), or, with background
+        # loads (the default), never sent there: the replica lost mid-load is loaded again elsewhere
+        assert c.plugin.stats.cancelled >= 1 or c.plugin.stats.loads_ahead >= 2
         served = [w for w, reps in st_.replicas.items() if any(r.state == "resident" for r in reps.values())]
         assert served and victim not in served
         assert models_snapshot(c.client)["counts"]["loads"] >= 1

@@ -278,7 +278,7 @@ def test_a_steady_arrival_rate_gets_a_replica_before_its_queue_outlasts_a_load()
     about 15 s of work waits, below the 20 s load: the backlog rule alone still waits. The demand
     rule loads (at about 9 s), because what arrives during the load adds about 1.3 x 20 s of work."""
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
-    from tangram_dask.policy.types import ReplicaSpec
+    from tangram_dask.policy.types import Load, ReplicaSpec
 
     def loads_in_15_s(residency):
         cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 2, 80.0, (2,)),), 2.0, 0)
@@ -293,7 +293,9 @@ def test_a_steady_arrival_rate_gets_a_replica_before_its_queue_outlasts_a_load()
                 pol.submit(aid, _prm(aid, 1.0), float(t))
                 aid += 1
             for d in pol.schedule(float(t)):
-                if isinstance(d, Start):
+                if isinstance(d, Load):  # the default: a background load (no action waits inside it)
+                    loads += 1
+                elif isinstance(d, Start):
                     loads += d.load
                     running.append(d.action)
         return loads
@@ -316,14 +318,23 @@ def _gpu_action(model: str, i: int, units: tuple[int, int] = (1, 1), hint: float
     return ActionSpec(f"{model}_call", "gpu", units[0], units[1], 0.8, hint, f"t{i}", model)
 
 
+def _is_load(d) -> bool:
+    """A decision that loads a replica: a background ``Load`` (the default) or a ``Start`` that loads first."""
+    from tangram_dask.policy.types import Load
+
+    return isinstance(d, Load) or (isinstance(d, Start) and d.load)
+
+
+@pytest.mark.parametrize("bg", [0.0, 1.0])
 @pytest.mark.parametrize("residency, where", [(1, (2, 3)), (0, (0, 1))])
-def test_a_load_does_not_stall_another_models_only_replica(residency, where):
+def test_a_load_does_not_stall_another_models_only_replica(residency, where, bg):
     """A load holds its GPUs for load_s, and a GPU runs one thing at a time. GPUs 0-1 hold the
     judge's only replica (GPU 0), GPUs 2-3 two prm replicas. A vision judge's 2-GPU load beside
     the prm replicas blocks one of two; beside the judge it would block the judge for the whole
     load, although the judge is the less busy of the two (lower contention)."""
     pol = _gpu_case((2, 2), {"judge": (16.0, 25.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
-                    [("judge", (0,)), ("prm", (2,)), ("prm", (3,))], TangramOptions(residency=residency))
+                    [("judge", (0,)), ("prm", (2,)), ("prm", (3,))],
+                    TangramOptions(residency=residency, background_load=bg))
     pol.submit(0, _gpu_action("judge", 0), 0.0)
     pol.submit(1, _gpu_action("prm", 1), 0.0)
     pol.submit(2, _gpu_action("prm", 2), 0.0)
@@ -331,18 +342,21 @@ def test_a_load_does_not_stall_another_models_only_replica(residency, where):
     for aid in range(3):
         pol.finish(aid, 1.0, 1.0)
     pol.submit(3, _gpu_action("vlm", 3, (2, 2)), 2.0)
-    (start,) = pol.schedule(2.0)
-    assert start.load and start.gpus == where
+    (d,) = pol.schedule(2.0)  # the same site whether the load is the action's own or a background one
+    assert _is_load(d) and d.gpus == where
 
 
+@pytest.mark.parametrize("bg", [0.0, 1.0])
 @pytest.mark.parametrize("residency, gpus", [(1, (0, 1)), (0, (0,))])
-def test_a_replica_grows_to_units_max_where_that_costs_nothing_more(residency, gpus):
+def test_a_replica_grows_to_units_max_where_that_costs_nothing_more(residency, gpus, bg):
     """Two idle, empty GPUs in one group: a prm replica (units 1..2) takes both (its actions run on
     2 units, their ideal); without residency planning, the fewest GPUs that hold it."""
-    pol = _gpu_case((2,), {"prm": (30.0, 30.0)}, [], TangramOptions(residency=residency))
+    pol = _gpu_case((2,), {"prm": (30.0, 30.0)}, [], TangramOptions(residency=residency, background_load=bg))
     pol.submit(0, _gpu_action("prm", 0, (1, 2)), 0.0)
-    (start,) = pol.schedule(0.0)
-    assert start.load and start.gpus == gpus and start.units == len(gpus)
+    (d,) = pol.schedule(0.0)
+    assert _is_load(d) and d.gpus == gpus
+    if not bg:
+        assert d.units == len(gpus)
 
 
 def test_an_action_takes_the_largest_ready_replica_within_units_max():
@@ -359,7 +373,9 @@ def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
     """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
     wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s
     of work (its load paid back), and only then makes room."""
-    pol = _gpu_case((1, 1), {"judge": (60.0, 10.0), "prm": (30.0, 20.0)}, [("judge", (1,))])
+    # the action loads its own replica (background_load=0): the steps below read its Start
+    pol = _gpu_case((1, 1), {"judge": (60.0, 10.0), "prm": (30.0, 20.0)}, [("judge", (1,))],
+                    TangramOptions(background_load=0.0))
     pol.submit(0, _gpu_action("prm", 0, hint=5.0), 0.0)
     (start,) = pol.schedule(0.0)
     assert start.load and start.gpus == (0,)
@@ -492,9 +508,10 @@ def test_per_model_gate_opens_small_and_loads_for_the_bottleneck_model():
     spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), seed=31)
     gen = generate(spec)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    opts = TangramOptions(admission_model=0.6, admission_open=16, plan_loads=1)
+    # measured with the loads inside the actions (background_load=0), where the loads are Starts
+    opts = TangramOptions(admission_model=0.6, admission_open=16, plan_loads=1, background_load=0.0)
     gated = simulate(gen, cl, "tangram", options=opts)
-    plain = simulate(gen, cl, "tangram")
+    plain = simulate(gen, cl, "tangram", options=TangramOptions(background_load=0.0))
     static = simulate(gen, cl, "static", audit=False)
     assert sum(t == 0.0 for t, _ in gated.admits()) == 16
     assert sum(t == 0.0 for t, _ in plain.admits()) == 32

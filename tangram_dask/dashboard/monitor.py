@@ -174,6 +174,23 @@ class TangramMonitor(SchedulerPlugin):
         self.stats = stats or ActStats()
         self.counters = Counters()
         self.events = events
+        listeners = getattr(plugin, "load_listeners", None)
+        if listeners is not None:
+            listeners.append(self._background_load)
+
+    def _background_load(self, d: Any) -> None:
+        """A ``Load`` decision (a replica loaded ahead of its actions): counted and logged like a load
+        made inside an action's grant, without a task key (no action waits in it)."""
+        c = self.counters
+        c.loads[d.model] = c.loads.get(d.model, 0) + 1
+        if d.evict:
+            c.evictions[d.node] = c.evictions.get(d.node, 0) + len(d.evict)
+        if not self.events:
+            return
+        sched = self.plugin.scheduler
+        emit(sched, "load", model=d.model, worker=d.node, gpus=list(d.gpus), replica=int(d.replica))
+        if d.evict:
+            emit(sched, "eviction", worker=d.node, replicas=[int(e) for e in d.evict], model=d.model)
 
     def _record(self, key: Hashable) -> Any:
         """The tangram plugin's record of ``key``: live, or the one that left it in this very transition

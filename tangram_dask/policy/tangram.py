@@ -96,7 +96,7 @@ class TangramOptions:
     admission_open: float = 0.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 0.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # admission_model busy loads one as soon as one of its actions waits
-    background_load: float = 0.0  # 1: a load is a Load decision no action waits inside; the action that
+    background_load: float = 1.0  # 1 (default): a load is a Load decision no action waits inside; the action that
                                   # wanted it stays queued and takes whichever replica is ready first
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
