@@ -552,13 +552,8 @@ def test_idle_gpus_admit_past_a_gpu_limit_read_from_the_short_trajectories():
     assert new["act_mean_s"] < 0.8 * static["act_mean_s"]
 
 
-def test_admission_measured_gives_back_the_step_the_opt_in_pair_loses_on_a_half_cluster():
-    """``seed-21`` of tests/test_variants.py (96 trajectories, 32 CPU slots): ``admission_issued=0.3`` reads
-    the CPU demand from the expected unit-seconds of every issued action and holds 15-18 in flight,
-    while the units.min held or queued is 2-12 of 32 (its target 9.6): the queue drains at 341 s, not
-    84 s, and the step (a 394 s trajectory admitted at 211 s) is 605 s against fifo's 585. The CPU
-    limit from the demand measured while trajectories wait (``admission_measured``) gives the step
-    back below fifo's with ACT still below the default's."""
+def _half_cluster_seed21():
+    """``seed-21`` of tests/test_variants.py: the standard workload's 96 trajectories on 32 CPU slots."""
     import copy
 
     import yaml
@@ -572,8 +567,17 @@ def test_admission_measured_gives_back_the_step_the_opt_in_pair_loses_on_a_half_
     with open("resources/bench/cluster-tight.yaml") as f:
         cd = copy.deepcopy(yaml.safe_load(f))
     cd["cpu"]["nodes"] = [{"count": 2, "slots": 16}]
-    gen = generate(parse_workload(wd, "seed-21"))
-    cl = parse_cluster(cd, cd["name"])
+    return generate(parse_workload(wd, "seed-21")), parse_cluster(cd, cd["name"])
+
+
+def test_admission_measured_gives_back_the_step_the_opt_in_pair_loses_on_a_half_cluster():
+    """``seed-21`` of tests/test_variants.py (96 trajectories, 32 CPU slots): ``admission_issued=0.3`` reads
+    the CPU demand from the expected unit-seconds of every issued action and holds 15-18 in flight,
+    while the units.min held or queued is 2-12 of 32 (its target 9.6): the queue drains at 341 s, not
+    84 s, and the step (a 394 s trajectory admitted at 211 s) is 605 s against fifo's 585. The CPU
+    limit from the demand measured while trajectories wait (``admission_measured``) gives the step
+    back below fifo's with ACT still below the default's."""
+    gen, cl = _half_cluster_seed21()
     pair = dict(admission_issued=0.3, admission_ramp=1.0)
     old = bench_simulate(gen, cl, "tangram", options=TangramOptions(**pair))
     new = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_measured=1.0, **pair), audit=True)
@@ -591,21 +595,7 @@ def test_the_cpu_knee_keeps_the_act_under_static_on_a_half_cluster():
     demand of every issued action at units.max, kept under the slots (the knee: past it one more
     trajectory shrinks actions rather than fills idle slots), holds 26-35: ACT under static's, step
     still under fifo's."""
-    import copy
-
-    import yaml
-
-    from tangram_dask.cluster import parse_cluster
-    from tangram_dask.workload import parse_workload
-
-    with open("resources/bench/standard.yaml") as f:
-        wd = yaml.safe_load(f)
-    wd.update(trajectories=96, seed=21)
-    with open("resources/bench/cluster-tight.yaml") as f:
-        cd = copy.deepcopy(yaml.safe_load(f))
-    cd["cpu"]["nodes"] = [{"count": 2, "slots": 16}]
-    gen = generate(parse_workload(wd, "seed-21"))
-    cl = parse_cluster(cd, cd["name"])
+    gen, cl = _half_cluster_seed21()
     knee = bench_simulate(gen, cl, "tangram", audit=True)
     old = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_knee=0))
     static = bench_simulate(gen, cl, "static")
