@@ -282,6 +282,7 @@ class TangramPolicy(Policy):
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
+        self._shapes: dict[tuple, tuple[list, list]] = {}  # _replica_shapes, until the nodes or models change
         self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec
         self._site_score: tuple | None = None  # _load_site's score of the site it chose (residency)
         self.loads_ahead = 0  # Load decisions made (background_load)
@@ -454,6 +455,7 @@ class TangramPolicy(Policy):
         return out
 
     def _capacity_changed(self) -> None:
+        self._shapes = {}  # (model, units.min, units.max) -> replica shapes per node: the nodes changed
         if self._loading:  # a node left with replicas loading there: they are gone
             for rid in [r for r in self._loading if r not in self.gpu.replicas]:
                 del self._loading[rid]
@@ -1209,7 +1211,7 @@ class TangramPolicy(Policy):
         self._loader_starved = not gp.by_model.get(model)
         self._site_score = None
         best = None
-        for name, st, k in self._replica_shapes(ms, spec):
+        for name, st, k in self._replica_shapes(ms, spec)[0]:
             share = ms.gpu_memory_gb / k
             start = 0
             for g, size in enumerate(st.spec.groups):
@@ -1243,8 +1245,10 @@ class TangramPolicy(Policy):
             self._site_score = best[0]
         return None if best is None else best[1:]
 
-    def _replica_shapes(self, ms, spec: ActionSpec):
-        """(node, state, GPUs per replica) to try: the smallest replica that fits the node's GPUs and,
+    def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list]:
+        """``(within, spanning)``: ``within`` the (node, state, GPUs per replica) to try within a topology
+        group (``spanning``: the nodes where the smallest replica spans groups, ``_spanning_site``);
+        the smallest replica that fits the node's GPUs and,
         with ``residency``, also one of ``units.max`` GPUs (elastic replica size, within one group).
 
         ``_load_site`` ranks the sites of both sizes alike: no stalled model, fewest evictions, least
@@ -1252,11 +1256,24 @@ class TangramPolicy(Policy):
         more than the smallest site would (memory free without evicting more, beside replicas no
         busier): its actions then run on more units (ideal ACT is measured at ``units.max``).
         """
+        key = (ms.name, spec.units_min, spec.units_max)
+        shapes = self._shapes.get(key)
+        if shapes is None:  # a function of the nodes and the model only: kept until they change
+            shapes = self._shapes[key] = self._shapes_of(ms, spec)
+        return shapes
+
+    def _shapes_of(self, ms, spec: ActionSpec) -> tuple[list, list]:
+        """``_replica_shapes``: ``(within, spanning)``, the sites to try within a topology group and the
+        nodes where the smallest replica spans groups (``_spanning_site``), with its GPUs."""
+        within, spanning = [], []
         for name, st in self.gpu.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
-            yield name, st, k
+            within.append((name, st, k))
             if self.opt.residency and spec.units_max > k:
-                yield name, st, spec.units_max
+                within.append((name, st, spec.units_max))
+            if max(st.spec.groups) < k <= st.spec.gpus:
+                spanning.append((name, st, k))
+        return within, spanning
 
     def _unseen_deployed(self, model: str) -> bool:
         """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come
@@ -1303,10 +1320,9 @@ class TangramPolicy(Policy):
         gp = self.gpu
         ms = self.models[model]
         best = None
-        for name, st in gp.nodes.items():
-            k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
-            if k <= max(st.spec.groups) or k > st.spec.gpus:
-                continue  # fits one group (the main path's case), or never fits this node
+        # only the nodes where it spans groups: where it fits one group is the main path's case, and
+        # where it is larger than the node it never fits
+        for name, st, k in self._replica_shapes(ms, spec)[1]:
             idle = [i for i, g in enumerate(st.gpus) if not g.busy]
             if len(idle) < k:
                 continue
