@@ -104,7 +104,8 @@ class Estimator:
             # the work's variance is at least the hints' less the error's. (Taking the mean from
             # the hints too measured worse: the error's mean is learned from the short ones.)
             # Every issued hint moves it: read here, not cached.
-            var_w = max(hs.m2 / (hs.n - 1) - var_e, var_w)
+            v = hs.m2 / (hs.n - 1) - var_e
+            var_w = var_w if var_w > v else v  # max(v, var_w), without the call
         if not h or var_e == math.inf:
             return math.exp(mu + var_w / 2)
         wh = 1.0 / var_e

@@ -699,14 +699,14 @@ class TangramPolicy(Policy):
         slots = self.cpu.slots
         # written out for three resources (CPU slots 0, GPUs 1, API tokens 2), no lists or loops:
         # recomputed after every submission while trajectories wait (a million times in the scale run)
-        if a_gpu and self.ended_n >= max(opt.admission_warmup, 8):
+        if a_gpu and self.ended_n >= (8 if 8 > opt.admission_warmup else opt.admission_warmup):
             # whole trajectories, their last action (the reward) included: what one in flight asks of each resource
             w = self.ended_work
-            n = max(w[4], 1.0)
+            n = 1.0 if 1.0 > w[4] else w[4]
             cycle = self.gaps.mean + w[3] / n
             x0, x1, x2 = w[0] / n, w[1] / n, w[2] / n
         else:
-            n = max(self.turn_time.n, 1)
+            n = self.turn_time.n or 1  # max(n, 1): n is a count
             u = self.turn_units
             x0, x1, x2 = u["cpu"] / n, u["gpu"] / n, u["api"] / n
         cap0 = opt.admission * slots
@@ -718,7 +718,7 @@ class TangramPolicy(Policy):
             # The trajectories that ended first are the short ones: their tool work per action is
             # biased low (their reward is a larger share of it, their long actions had no time to be
             # issued). Every issued action, in flight or ended, says it without that bias.
-            per_issued = max(self.turn_time.n, 1)
+            per_issued = self.turn_time.n or 1
             x0 = self.turn_units["cpu"] / per_issued
             x2 = self.turn_units["api"] / per_issued
             c0 = c2 = self.gaps.mean + self.turn_time.mean
@@ -727,22 +727,22 @@ class TangramPolicy(Policy):
             # in flight shrinks actions (ACT) rather than filling idle slots (throughput). Every issued action
             # says it, not only those of the trajectories that ended first (the short ones).
             cap0 = opt.admission_knee * slots
-            x0 = self.cpu_at_max / max(self.turn_time.n, 1)
+            x0 = self.cpu_at_max / (self.turn_time.n or 1)
             c0 = self.gaps.mean + self.turn_time.mean
         limit = math.inf
         binds = -1
         other = math.inf  # the limit set by the GPUs and the API tokens alone
-        d = x0 / max(c0, 1e-6)
+        d = x0 / (1e-6 if 1e-6 > c0 else c0)  # max(c0, 1e-6), as are the two below
         if d > 0 and cap0 > 0 and cap0 / d < limit:
             limit, binds = cap0 / d, 0
-        d = x1 / max(cycle, 1e-6)
+        d = x1 / (1e-6 if 1e-6 > cycle else cycle)
         if d > 0 and cap1 > 0:
             lim = cap1 / d
             if lim < other:
                 other = lim
             if lim < limit:
                 limit, binds = lim, 1
-        d = x2 / max(c2, 1e-6)
+        d = x2 / (1e-6 if 1e-6 > c2 else c2)
         if d > 0 and cap2 > 0:
             lim = cap2 / d
             if lim < other:
@@ -989,10 +989,14 @@ class TangramPolicy(Policy):
         """Elastic size: add a unit while the seconds it saves, per extra unit-second it
         costs, exceed the pool's price (zero when idle, unbounded when saturated)."""
         lo = spec.units_min
-        hi = min(spec.units_max, room, lo + max(spare, 0))
+        hi = lo + spare if spare > 0 else lo  # min(units.max, room, lo + max(spare, 0)), without the calls
+        if room < hi:
+            hi = room
+        if spec.units_max < hi:
+            hi = spec.units_max
         if hi <= lo or spec.parallel_fraction == 0.0:
             return lo
-        rho = (pool.rmin + starting + pool.qmin + lo) / max(capacity, 1)  # min-unit demand / capacity
+        rho = (pool.rmin + starting + pool.qmin + lo) / (capacity if capacity > 1 else 1)  # min-unit demand / capacity
         if rho >= 1.0:
             return lo
         price = self.opt.price * rho / (1.0 - rho)
