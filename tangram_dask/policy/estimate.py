@@ -53,33 +53,30 @@ class Estimator:
 
     def issued(self, spec: ActionSpec) -> None:
         """An action was issued: its hint (all of them, long ones included, unlike what finished)."""
-        h = spec.hint_s
-        if not h or h <= 0 or not self.from_hints:
-            return
-        ks = self.kinds.get(spec.kind)
-        if ks is None:
-            ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
-        if ks.hints is None:
-            ks.hints = Welford()
-        ks.hints.add(math.log(h))
+        self._record_hint(spec)
 
     def issue(self, spec: ActionSpec) -> float:
         """``issued(spec)`` then ``expected(spec)``, in one call (one lookup, one log of the hint): the
         policy does both for every action it is given."""
+        ks, log_h = self._record_hint(spec)
         h = spec.hint_s
-        ks = self.kinds.get(spec.kind)
-        if not h or h <= 0 or not self.from_hints:
-            log_h = None
-        else:
-            if ks is None:
-                ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
-            if ks.hints is None:
-                ks.hints = Welford()
-            log_h = math.log(h)
-            ks.hints.add(log_h)
         if ks is None or ks.work.n < MIN_SAMPLES:
             return h if h else self.default_s
         return self._posterior(ks, h, log_h)
+
+    def _record_hint(self, spec: ActionSpec) -> tuple[KindStats | None, float | None]:
+        """Record the hint's log (if it has one and hints are used): the kind's stats, and that log."""
+        h = spec.hint_s
+        ks = self.kinds.get(spec.kind)
+        if not h or h <= 0 or not self.from_hints:
+            return ks, None
+        if ks is None:
+            ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
+        if ks.hints is None:
+            ks.hints = Welford()
+        log_h = math.log(h)
+        ks.hints.add(log_h)
+        return ks, log_h
 
     def expected(self, spec: ActionSpec) -> float:
         ks = self.kinds.get(spec.kind)
