@@ -412,9 +412,7 @@ class TangramPolicy(Policy):
         spec = r.spec
         if spec.resource == "gpu":
             self.pools[spec.model].rmin -= spec.units_min
-            for name, pool in self.pools.items():
-                if pool.resource == "gpu" and pool.waiting:
-                    self.dirty[name] = None
+            self._gpu_freed()
             return
         self.pools[spec.resource].rmin -= spec.units_min
         if spec.resource == "cpu":
@@ -1097,6 +1095,10 @@ class TangramPolicy(Policy):
 
     def _replica_ready(self, replica: ReplicaId, now: float) -> None:
         self._loading.pop(replica, None)
+        self._gpu_freed()
+
+    def _gpu_freed(self) -> None:
+        """GPUs or a replica became free: every model with actions waiting may use them."""
         for name, pool in self.pools.items():
             if pool.resource == "gpu" and pool.waiting:
                 self.dirty[name] = None
