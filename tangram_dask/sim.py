@@ -149,7 +149,7 @@ class Simulator:
         self.llm = g.llm.tolist()
         self.dur = g.duration.tolist()
         self.hint = g.hint.tolist()
-        self.issue = np.zeros(n)
+        self.issue = np.full(n, np.nan)  # NaN: not issued yet (named by _stuck with run_s < 0: not started)
         self.end = np.zeros(n)
         self.per_step = spec.trajectories
         self.traj_of = np.repeat(np.arange(g.n_trajectories), np.diff(g.first)).tolist()
@@ -162,7 +162,7 @@ class Simulator:
         self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
         self.home: dict[int, str] = {}
         self._cost_of: dict[tuple, tuple[float, float]] = {}
-        self.run_s = [0.0] * n
+        self.run_s = [-1.0] * n  # set when it starts
         self.busy = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}
         self.loads = self.colds = self.restores = 0
         self.heap: list[tuple] = []
@@ -170,7 +170,6 @@ class Simulator:
         self.step_start: list[float] = []
         self.step_end: list[float] = []
         self.ideal_step: list[float] = []
-        self.waiting: dict[int, None] = {}  # issued, not started: named if the run gets stuck
         self.spans = [] if self.trace else None  # what each start holds, when: opt-in (plots)
         self.begun = self.admitted = 0
 
@@ -191,7 +190,6 @@ class Simulator:
 
     def _issue(self, a: int, now: float) -> None:
         self.issue[a] = now
-        self.waiting[a] = None
         self.pol.submit(a, self.proto[self.kind[a]].instance(self.hint[a], self.names[self.traj_of[a]]), now)
 
     def _complete(self, a: int, now: float) -> None:
@@ -219,7 +217,6 @@ class Simulator:
 
     def _start(self, d: Start, now: float) -> None:
         a = d.action
-        self.waiting.pop(a, None)
         k = self.kind[a]
         spec = self.proto[k]
         restore = False
@@ -286,7 +283,8 @@ class Simulator:
     def _stuck(self) -> str:
         """What a stuck run left waiting, by kind: ``2 x judge (gpu, model rm: no replica resident)``."""
         count: dict[int, int] = {}
-        for a in self.waiting:
+        waiting = np.flatnonzero(~np.isnan(self.issue) & (np.asarray(self.run_s) < 0))  # issued, not started
+        for a in waiting.tolist():
             count[self.kind[a]] = count.get(self.kind[a], 0) + 1
         parts = []
         kinds = self.gen.spec.kinds

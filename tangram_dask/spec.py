@@ -118,8 +118,24 @@ class ActionSpec:
 
         For callers that validated this spec once (the simulator issues ~1M
         actions of a handful of kinds); ``hint_s`` must be a number >= 0 or None.
+        One assignment per field, written out through the slot descriptors (no loop over the fields,
+        no setattr by name; the ``_s_*`` names are set below the class). A field added to ActionSpec
+        must be added here (``tests/test_spec.py`` checks every field is copied; the unpacking of the
+        descriptors fails at import if the count differs).
         """
-        return _instance(self, hint_s, trajectory)
+        o = _new(ActionSpec)
+        _s_kind(o, self.kind)
+        _s_resource(o, self.resource)
+        _s_units_min(o, self.units_min)
+        _s_units_max(o, self.units_max)
+        _s_parallel_fraction(o, self.parallel_fraction)
+        _s_hint_s(o, hint_s)
+        _s_trajectory(o, trajectory)
+        _s_model(o, self.model)
+        _s_affinity(o, self.affinity)
+        _s_restore_s(o, self.restore_s)
+        _s_timeout_s(o, self.timeout_s)
+        return o
 
     # -- wire form (a Dask annotation is a plain dict) -------------------
     def to_dict(self) -> dict[str, Any]:
@@ -156,26 +172,6 @@ _set = object.__setattr__
 _FIELDS = tuple(ActionSpec.__dataclass_fields__)
 (_s_kind, _s_resource, _s_units_min, _s_units_max, _s_parallel_fraction, _s_hint_s, _s_trajectory, _s_model,
  _s_affinity, _s_restore_s, _s_timeout_s) = (ActionSpec.__dict__[f].__set__ for f in _FIELDS)
-
-
-def _instance(self: ActionSpec, hint_s: float | None, trajectory: str | None) -> ActionSpec:
-    """``ActionSpec.instance``, one assignment per field written out through the slot descriptors (no loop
-    over the fields, no setattr by name): the simulator copies a spec per action, about a million times in
-    the scale run. A field added to ActionSpec must be added here (``tests/test_spec.py`` checks every field
-    is copied; the unpacking above fails at import if the count differs)."""
-    o = _new(ActionSpec)
-    _s_kind(o, self.kind)
-    _s_resource(o, self.resource)
-    _s_units_min(o, self.units_min)
-    _s_units_max(o, self.units_max)
-    _s_parallel_fraction(o, self.parallel_fraction)
-    _s_hint_s(o, hint_s)
-    _s_trajectory(o, trajectory)
-    _s_model(o, self.model)
-    _s_affinity(o, self.affinity)
-    _s_restore_s(o, self.restore_s)
-    _s_timeout_s(o, self.timeout_s)
-    return o
 
 
 def make_spec(

@@ -168,7 +168,8 @@ class Policy:
         if r is None:
             return
         self._release(r, now)
-        self._touch(r.spec.trajectory, now)
+        if self.trajectory_ttl_s is not None:  # (_touch's own test, read here: once per action)
+            self._touch(r.spec.trajectory, now)
         self._finished(aid, r, now, run_s)
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
@@ -277,7 +278,8 @@ class Policy:
                    est_s: float = 0.0, taken: bool = False) -> Start:
         if not taken:
             self.cpu.take(node, k)
-        self._touch(spec.trajectory, now)
+        if self.trajectory_ttl_s is not None:
+            self._touch(spec.trajectory, now)
         restore = False
         prev = None
         if spec.affinity == "trajectory":

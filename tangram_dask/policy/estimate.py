@@ -75,7 +75,11 @@ class Estimator:
         if ks.hints is None:
             ks.hints = Welford()
         log_h = math.log(h)
-        ks.hints.add(log_h)
+        w = ks.hints  # w.add(log_h), written out (once per action issued)
+        w.n += 1
+        d = log_h - w.mean
+        w.mean += d / w.n
+        w.m2 += d * (log_h - w.mean)
         return ks, log_h
 
     def expected(self, spec: ActionSpec) -> float:
@@ -119,7 +123,16 @@ class Estimator:
         if ks is None:
             ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
         lw = math.log(work_s)
-        ks.work.add(lw)
+        w = ks.work  # w.add(lw), written out (once per action finished), as is the error's below
+        w.n += 1
+        d = lw - w.mean
+        w.mean += d / w.n
+        w.m2 += d * (lw - w.mean)
         if spec.hint_s:
-            ks.error.add(math.log(spec.hint_s) - lw)
+            x = math.log(spec.hint_s) - lw
+            w = ks.error
+            w.n += 1
+            d = x - w.mean
+            w.mean += d / w.n
+            w.m2 += d * (x - w.mean)
         ks.est_cache = None

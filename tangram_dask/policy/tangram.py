@@ -153,7 +153,9 @@ class Pool:
     def push(self, p: Pending) -> None:
         self.waiting[p[2]] = p
         heappush(self.heap, p)
-        self.queued(p)
+        spec = p.spec  # self.queued(p), written out: once per action
+        self.qmin += spec.units_min
+        self.qwork += p.est * spec.units_min
 
     def queued(self, p: Pending) -> None:
         self.qmin += p.spec.units_min
@@ -176,7 +178,13 @@ class Pool:
         """Take the head (``aid``) out of the queue."""
         heappop(self.heap)
         p = self.waiting.pop(aid)
-        self.unqueued(p)
+        spec = p.spec  # self.unqueued(p), written out: once per action
+        self.qmin = qmin = self.qmin - spec.units_min
+        if qmin:
+            qwork = self.qwork - p.est * spec.units_min
+            self.qwork = 0.0 if 0.0 > qwork else qwork  # max(qwork, 0.0)
+        else:
+            self.qwork = 0.0
         return p
 
     def drop(self, aid: ActionId) -> Pending | None:
@@ -345,10 +353,19 @@ class TangramPolicy(Policy):
             self._limit_dirty = True
             t_end = self.last_end.get(traj)
             if t_end is not None:
-                self.gaps.add(now - t_end)
+                w = self.gaps  # w.add(now - t_end), written out, as are the other Welford adds below
+                x = now - t_end
+                w.n += 1
+                d = x - w.mean
+                w.mean += d / w.n
+                w.m2 += d * (x - w.mean)
             u = spec.units_max if self.opt.admission_at_max else spec.units_min
             t_u = est * spec.scale(u)
-            self.turn_time.add(t_u)
+            w = self.turn_time
+            w.n += 1
+            d = t_u - w.mean
+            w.mean += d / w.n
+            w.m2 += d * (t_u - w.mean)
             res = spec.resource
             self.turn_units[res] += t_u * u
             if res == "gpu":
@@ -366,8 +383,15 @@ class TangramPolicy(Policy):
             w = self.ests.get(spec.kind)
             if w is None:
                 w = self.ests[spec.kind] = Welford()
-            w.add(log_est)
-            self.all_ests.add(log_est)
+            w.n += 1
+            d = log_est - w.mean
+            w.mean += d / w.n
+            w.m2 += d * (log_est - w.mean)
+            w = self.all_ests
+            w.n += 1
+            d = log_est - w.mean
+            w.mean += d / w.n
+            w.m2 += d * (log_est - w.mean)
         pool = self.pool(spec)
         pool.demand.add(now, est)
         if self.opt.load_ahead and spec.resource == "gpu":
@@ -384,10 +408,12 @@ class TangramPolicy(Policy):
         self.dirty[pool.name] = None
 
     def _finished(self, aid: ActionId, r: Running, now: float, run_s: float | None) -> None:
-        if self.opt.admission and r.spec.trajectory is not None and r.spec.trajectory in self.traj_start:
-            self.last_end[r.spec.trajectory] = now
+        spec = r.spec
+        traj = spec.trajectory
+        if traj is not None and self.opt.admission and traj in self.traj_start:
+            self.last_end[traj] = now
         self._released(r)
-        if r.spec.resource == "cpu":
+        if spec.resource == "cpu":
             self.release_rate.add(now, r.units)
         if self._unpaid and r.replica in self._unpaid and run_s:
             owed = self._unpaid[r.replica] - run_s
@@ -396,7 +422,8 @@ class TangramPolicy(Policy):
             else:
                 del self._unpaid[r.replica]
         if run_s is not None and run_s > 0:
-            self.est.observe(r.spec, run_s / r.spec.scale(min(r.units, r.spec.units_max)))
+            u, m = r.units, spec.units_max
+            self.est.observe(spec, run_s / spec.scale(u if u < m else m))  # min(u, m)
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
         r = self.running.get(aid)
