@@ -75,11 +75,7 @@ class Estimator:
         if ks.hints is None:
             ks.hints = Welford()
         log_h = math.log(h)
-        w = ks.hints  # w.add(log_h), written out (once per action issued)
-        w.n += 1
-        d = log_h - w.mean
-        w.mean += d / w.n
-        w.m2 += d * (log_h - w.mean)
+        ks.hints.add(log_h)
         return ks, log_h
 
     def expected(self, spec: ActionSpec) -> float:
@@ -123,16 +119,7 @@ class Estimator:
         if ks is None:
             ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
         lw = math.log(work_s)
-        w = ks.work  # w.add(lw), written out (once per action finished), as is the error's below
-        w.n += 1
-        d = lw - w.mean
-        w.mean += d / w.n
-        w.m2 += d * (lw - w.mean)
+        ks.work.add(lw)
         if spec.hint_s:
-            x = math.log(spec.hint_s) - lw
-            w = ks.error
-            w.n += 1
-            d = x - w.mean
-            w.mean += d / w.n
-            w.m2 += d * (x - w.mean)
+            ks.error.add(math.log(spec.hint_s) - lw)
         ks.est_cache = None

@@ -153,9 +153,7 @@ class Pool:
     def push(self, p: Pending) -> None:
         self.waiting[p[2]] = p
         heappush(self.heap, p)
-        spec = p.spec  # self.queued(p), written out: once per action
-        self.qmin += spec.units_min
-        self.qwork += p.est * spec.units_min
+        self.queued(p)
 
     def queued(self, p: Pending) -> None:
         self.qmin += p.spec.units_min
@@ -178,13 +176,7 @@ class Pool:
         """Take the head (``aid``) out of the queue."""
         heappop(self.heap)
         p = self.waiting.pop(aid)
-        spec = p.spec  # self.unqueued(p), written out: once per action
-        self.qmin = qmin = self.qmin - spec.units_min
-        if qmin:
-            qwork = self.qwork - p.est * spec.units_min
-            self.qwork = 0.0 if 0.0 > qwork else qwork  # max(qwork, 0.0)
-        else:
-            self.qwork = 0.0
+        self.unqueued(p)
         return p
 
     def drop(self, aid: ActionId) -> Pending | None:
@@ -353,19 +345,10 @@ class TangramPolicy(Policy):
             self._limit_dirty = True
             t_end = self.last_end.get(traj)
             if t_end is not None:
-                w = self.gaps  # w.add(now - t_end), written out, as are the other Welford adds below
-                x = now - t_end
-                w.n += 1
-                d = x - w.mean
-                w.mean += d / w.n
-                w.m2 += d * (x - w.mean)
+                self.gaps.add(now - t_end)
             u = spec.units_max if self.opt.admission_at_max else spec.units_min
             t_u = est * spec.scale(u)
-            w = self.turn_time
-            w.n += 1
-            d = t_u - w.mean
-            w.mean += d / w.n
-            w.m2 += d * (t_u - w.mean)
+            self.turn_time.add(t_u)
             res = spec.resource
             self.turn_units[res] += t_u * u
             if res == "gpu":
@@ -383,15 +366,8 @@ class TangramPolicy(Policy):
             w = self.ests.get(spec.kind)
             if w is None:
                 w = self.ests[spec.kind] = Welford()
-            w.n += 1
-            d = log_est - w.mean
-            w.mean += d / w.n
-            w.m2 += d * (log_est - w.mean)
-            w = self.all_ests
-            w.n += 1
-            d = log_est - w.mean
-            w.mean += d / w.n
-            w.m2 += d * (log_est - w.mean)
+            w.add(log_est)
+            self.all_ests.add(log_est)
         pool = self.pool(spec)
         pool.demand.add(now, est)
         if self.opt.load_ahead and spec.resource == "gpu":
