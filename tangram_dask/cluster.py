@@ -65,8 +65,9 @@ class ModelSpec:
 
     def replica_gpus(self, units_min: int, gpu_memory_gb: float) -> int:
         """Smallest k >= units_min whose share gpu_memory_gb / k fits one GPU."""
-        k = max(1, units_min)
-        return max(k, math.ceil(self.gpu_memory_gb / gpu_memory_gb - 1e-9))
+        k = units_min if units_min > 1 else 1  # max(1, units_min), as below: no builtin call (it parses
+        c = math.ceil(self.gpu_memory_gb / gpu_memory_gb - 1e-9)  # keywords; ~1 call per action scheduled)
+        return c if c > k else k
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,10 @@ class Estimator:
         """The posterior mean of the work, ``h`` the hint (``log_h`` its log, if known)."""
         c = ks.est_cache
         if c is None:  # what finished changes only when an action finishes: cached until then
-            var_e = max(ks.error.var, 1e-6) if ks.error.n >= MIN_SAMPLES else math.inf
-            c = ks.est_cache = (ks.work.mean, max(ks.work.var, 1e-6), ks.error.mean, var_e)
+            var_e = ks.error.var if ks.error.n >= MIN_SAMPLES else math.inf
+            var_e = 1e-6 if 1e-6 > var_e else var_e  # max(var_e, 1e-6), as below, without the call
+            var_w = ks.work.var
+            c = ks.est_cache = (ks.work.mean, 1e-6 if 1e-6 > var_w else var_w, ks.error.mean, var_e)
         mu, var_w, bias, var_e = c
         hs = ks.hints
         if hs is not None and hs.n >= MIN_SAMPLES and var_e != math.inf:

@@ -84,7 +84,8 @@ class CpuPool:
 
     @property
     def slots_free(self) -> int:
-        return max(0, self.total_free - self.ahead)
+        f = self.total_free - self.ahead
+        return f if f > 0 else 0  # max(0, f)
 
     @property
     def max_free(self) -> int:

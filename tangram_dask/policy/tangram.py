@@ -161,7 +161,8 @@ class Pool:
 
     def unqueued(self, p: Pending) -> None:
         self.qmin -= p.spec.units_min
-        self.qwork = max(self.qwork - p.est * p.spec.units_min, 0.0) if self.qmin else 0.0
+        w = self.qwork - p.est * p.spec.units_min
+        self.qwork = (0.0 if 0.0 > w else w) if self.qmin else 0.0  # max(w, 0.0), without the call
 
     def head(self) -> tuple[ActionId, Pending] | None:
         q, waiting = self.heap, self.waiting
@@ -326,8 +327,10 @@ class TangramPolicy(Policy):
     def _t_ref(self, now: float) -> float:
         """The scale of a trajectory's length: mean of those ended, else the time elapsed."""
         if self.traj_n >= 8:
-            return max(self.traj_sum / self.traj_n, 1e-3)
-        return max(now - self._t0, 1e-3)
+            t = self.traj_sum / self.traj_n
+        else:
+            t = now - self._t0
+        return 1e-3 if 1e-3 > t else t  # max(t, 1e-3), without the call
 
     # -- events: order ----------------------------------------------------------
     def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
@@ -840,7 +843,9 @@ class TangramPolicy(Policy):
         """Phases 4-5, size and reserve: an elephant may collect slots; others start sized."""
         spec, cpu, pool = p.spec, self.cpu, self.pools["cpu"]
         need = spec.units_min
-        room = max(cpu.room(node), 0)  # real free slots: dispatch-ahead units never change sizing
+        room = cpu.room(node)  # real free slots: dispatch-ahead units never change sizing
+        if room < 0:  # max(room, 0)
+            room = 0
         want = min(spec.units_max, cpu.limit[node]) if self._elephant(spec, p.est) else 0
         if want > room and room >= need and node not in self.reserved:
             wait = self._expected_wait(want - room, now)
