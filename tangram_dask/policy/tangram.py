@@ -100,7 +100,8 @@ class TangramOptions:
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
-    load_one: float = 1.0       # >0 (with residency): while a model's replica loads, another load of it evicts nothing
+    load_one: float = 1.0       # >0 (with residency, where gpu_lean applies; 2: everywhere): while a model's replica
+                                # loads, another load of it evicts nothing
     background_load: float = 1.0  # 1 (default): a load is a Load decision no action waits inside; the action that
                                   # wanted it stays queued and takes whichever replica is ready first
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
@@ -1075,12 +1076,16 @@ class TangramPolicy(Policy):
             if bg and gp.loading_of(model) >= len(pool.waiting):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return  # a load is under way for every action that waits
+            if bg and self.opt.load_one >= 3 and self.opt.residency and gp.loading_of(model) and self._gpu_lean():
+                pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
+                return
             self._now = now
             site = self._load_site(model, spec)
             if site is None:
                 pool.blocked = ("no topology group can take a replica of {model} now", spec, gp.idle)
                 return
-            if bg and self.opt.load_one and self.opt.residency and site[2] and gp.loading_of(model):
+            if (bg and self.opt.load_one and self.opt.residency and site[2] and gp.loading_of(model)
+                    and (self.opt.load_one > 1 or self._gpu_lean())):
                 # one load that evicts per model at a time: two rewards arriving together are not
                 # demand for two replicas (on gpux-107 a second vision-judge load evicted the 140 GB judge)
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
