@@ -100,6 +100,8 @@ class TangramOptions:
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
+    open_hold: float = 16.0     # >0: once a GPU action was seen, the per-model limit stays under admission_open
+                                # until this many actions were seen (4 say little: one short prm hint read 41)
     load_one: float = 1.0       # >0 (with residency, where gpu_lean applies; 2: everywhere): while a model's replica
                                 # loads, another load of it evicts nothing
     background_load: float = 1.0  # 1 (default): a load is a Load decision no action waits inside; the action that
@@ -536,7 +538,12 @@ class TangramPolicy(Policy):
             limit = self._measured(now, limit)
         if opt.admission_model and self.ended_n < opt.admission_warmup and self._gpu_lean():
             if self.turn_time.n >= 4:
-                limit = min(limit, self._model_limit())
+                m = self._model_limit()
+                if opt.open_hold and opt.admission_open and m < math.inf and self.turn_time.n < opt.open_hold:
+                    # GPU actions seen: no more than the opening until as many actions as the learned limit
+                    # needs (on gpux-101 the first four held one prm call hinted 0.2 s and read 41 in flight)
+                    m = min(m, opt.admission_open)
+                limit = min(limit, m)
             elif opt.admission_open:
                 limit = min(limit, opt.admission_open)  # nothing seen yet: a first batch to learn from
         active = len(self.admitted)  # self.active, read once: this runs on every pass with a queue
@@ -1076,9 +1083,6 @@ class TangramPolicy(Policy):
             if bg and gp.loading_of(model) >= len(pool.waiting):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return  # a load is under way for every action that waits
-            if bg and self.opt.load_one >= 3 and self.opt.residency and gp.loading_of(model) and self._gpu_lean():
-                pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
-                return
             self._now = now
             site = self._load_site(model, spec)
             if site is None:
