@@ -480,9 +480,15 @@ def test_an_elephant_is_told_before_its_kind_has_8_estimates():
     assert run.act[16] == approx(2.5 + 500 * (0.1 + 0.9 / 8))
 
 
+# the defaults before the per-model gate (``admission_model``, ``admission_open``, ``plan_loads``,
+# ``admission_gpu_lean``) and ``load_one`` were on by default on clusters that lean to GPUs: the tests
+# below measure rules against the default of their time
+_BEFORE_LEAN = dict(admission_model=0.0, load_one=0.0)
+
+
 def test_admission_ramp_opens_with_16_trajectories():
     """``admission_ramp`` (opt-in): before 16 actions are seen, 16 trajectories at first, where the default
-    opens with one per CPU slot (32 here); audited, with ``admission_issued`` too, every action runs."""
+    then opened with one per CPU slot (32 here); audited, with ``admission_issued`` too, every action runs."""
     import dataclasses
 
     from tangram_dask.workload import generate
@@ -490,28 +496,34 @@ def test_admission_ramp_opens_with_16_trajectories():
     spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), trajectories=48)
     gen = generate(spec)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    ramp = simulate(gen, cl, "tangram", options=TangramOptions(admission_ramp=1.0, admission_issued=0.3))
-    plain = simulate(gen, cl, "tangram")
+    ramp = simulate(gen, cl, "tangram", options=TangramOptions(admission_ramp=1.0, admission_issued=0.3,
+                                                               **_BEFORE_LEAN))
+    plain = simulate(gen, cl, "tangram", options=TangramOptions(**_BEFORE_LEAN))
     assert sum(t == 0.0 for t, _ in ramp.admits()) == 16
     assert sum(t == 0.0 for t, _ in plain.admits()) == 32
     assert len(ramp.starts()) == len(gen.kind)
 
 
 def test_per_model_gate_opens_small_and_loads_for_the_bottleneck_model():
-    """``admission_model`` with ``admission_open`` and ``plan_loads`` (opt-in): 16 trajectories first,
-    then at most as many as keep each model's replicas 60% busy (the process reward model starts on
-    one 1-GPU replica), and that model loads replicas while it binds. Audited: every action runs;
-    on ``gpu-seed31`` the opening's queue at the process reward model is gone (ACT 2.22 -> 1.90 s)
-    and the step stays below static's."""
+    """``admission_model`` with ``admission_open`` and ``plan_loads`` (on by default where the cluster
+    leans to GPUs, ``gpu_lean``: 32 CPU slots on 12 GPUs here): 16 trajectories first, then at most as
+    many as keep each model's replicas 60% busy (the process reward model starts on one 1-GPU
+    replica), and that model loads replicas while it binds. Audited: every action runs; on
+    ``gpu-seed31`` the opening's queue at the process reward model is gone (ACT 2.22 -> 1.90 s) and
+    the step stays below static's. ``gpu_lean=0`` applies the gate on every cluster; without it
+    (``admission_model=0``) the opening is one trajectory per CPU slot."""
     import dataclasses
 
     spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), seed=31)
     gen = generate(spec)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
     # measured with the loads inside the actions (background_load=0), where the loads are Starts
-    opts = TangramOptions(admission_model=0.6, admission_open=16, plan_loads=1, background_load=0.0)
+    opts = TangramOptions(admission_model=0.6, admission_open=16, plan_loads=1, background_load=0.0,
+                          admission_gpu_lean=0.0, load_one=0.0)
     gated = simulate(gen, cl, "tangram", options=opts)
-    plain = simulate(gen, cl, "tangram", options=TangramOptions(background_load=0.0))
+    plain = simulate(gen, cl, "tangram", options=TangramOptions(background_load=0.0, **_BEFORE_LEAN))
+    default = simulate(gen, cl, "tangram")
+    assert sum(t == 0.0 for t, _ in default.admits()) == 16
     static = simulate(gen, cl, "static", audit=False)
     assert sum(t == 0.0 for t, _ in gated.admits()) == 16
     assert sum(t == 0.0 for t, _ in plain.admits()) == 32
@@ -545,8 +557,8 @@ def test_idle_gpus_admit_past_a_gpu_limit_read_from_the_short_trajectories():
                           {"count": 1, "gpus": 4, "gpu_memory_gb": 141, "groups": [2, 2]}]
     cl = parse_cluster(cd, "gpu-small")
     static = bench_simulate(gen, cl, "static")
-    new = bench_simulate(gen, cl, "tangram", audit=True)
-    old = bench_simulate(gen, cl, "tangram", options=TangramOptions(idle_learned=0))
+    new = bench_simulate(gen, cl, "tangram", audit=True, options=TangramOptions(**_BEFORE_LEAN))
+    old = bench_simulate(gen, cl, "tangram", options=TangramOptions(idle_learned=0, **_BEFORE_LEAN))
     assert old["step_s"] > 1.1 * static["step_s"]
     assert new["step_s"] < 0.95 * static["step_s"]
     assert new["act_mean_s"] < 0.8 * static["act_mean_s"]
@@ -578,11 +590,11 @@ def test_admission_measured_gives_back_the_step_the_opt_in_pair_loses_on_a_half_
     limit from the demand measured while trajectories wait (``admission_measured``) gives the step
     back below fifo's with ACT still below the default's."""
     gen, cl = _half_cluster_seed21()
-    pair = dict(admission_issued=0.3, admission_ramp=1.0)
+    pair = dict(admission_issued=0.3, admission_ramp=1.0, **_BEFORE_LEAN)
     old = bench_simulate(gen, cl, "tangram", options=TangramOptions(**pair))
     new = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_measured=1.0, **pair), audit=True)
     fifo = bench_simulate(gen, cl, "fifo")
-    default = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_knee=0))  # the default then
+    default = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_knee=0, **_BEFORE_LEAN))  # then
     assert old["step_s"] > fifo["step_s"]
     assert new["step_s"] < 0.85 * old["step_s"] and new["step_s"] < fifo["step_s"]
     assert new["act_mean_s"] < 0.85 * default["act_mean_s"]
