@@ -615,3 +615,40 @@ def test_the_cpu_knee_keeps_the_act_under_static_on_a_half_cluster():
     assert old["act_mean_s"] > static["act_mean_s"]
     assert knee["act_mean_s"] < static["act_mean_s"] and knee["act_mean_s"] < 0.9 * old["act_mean_s"]
     assert knee["step_s"] < fifo["step_s"] and knee["step_s"] < static["step_s"]
+
+
+def test_an_extreme_hint_makes_an_elephant_even_where_its_estimate_is_shrunk():
+    """A kind whose hints are off by up to e^2.5 either way: the estimator leans on its history, so a test
+    run hinted 3,000 s (the kind's works are 7-20 s) is estimated at ~400 s, not in the top tail of the
+    kind's estimates. Its hint is (``elephant_hint``: 2.25 sd above the kind's log hints), so with 7 of 8
+    slots busy it reserves the node for 8 slots; without that test it starts on the one free slot (the
+    holdout's ``xst312``: hinted 6,106 s, run on 1 slot for 3,277 s, the step 1.6x static's)."""
+    import math
+
+    from tangram_dask.policy import make_policy
+
+    decided = {}
+    for z in (2.25, 0.0):
+        wl = make_workload([kind("T", units=(1, 8), p=0.9)], [kind("rw", "api", dur=0.1)], trajectories=1)
+        pol = make_policy("tangram", make_cluster(cpu=[{"slots": 8}], tokens=4), wl,
+                          options=TangramOptions(admission=0, elephant_hint=z))
+        t = 0.0
+        for i in range(24):  # one at a time: works 7-20 s, hints off by up to e^2.5
+            w = 12.0 * math.exp(0.5 * math.sin(1.3 * i))
+            pol.submit(f"a{i}", make_spec("T", "cpu", (1, 8), speedup=0.9,
+                                          hint_s=w * math.exp(2.5 * math.sin(2.1 * i))), t)
+            pol.schedule(t)
+            t += 1.0
+            pol.finish(f"a{i}", t, w)
+            pol.schedule(t)
+        for i in range(7):
+            pol.submit(f"b{i}", make_spec("c", "cpu", 1, hint_s=100.0), t)
+        assert len(pol.schedule(t)) == 7
+        big = make_spec("T", "cpu", (1, 8), speedup=0.9, hint_s=3000.0)
+        pol.submit("big", big, t)
+        assert 200.0 < pol.est.expected(big) < 600.0  # shrunk from 3,000 s (its own hint recorded)
+        decided[z] = (pol.schedule(t), dict(pol.reserved))
+    starts, reserved = decided[2.25]
+    assert starts == [] and reserved["cpu-0"].aid == "big" and reserved["cpu-0"].want == 8
+    starts, reserved = decided[0.0]
+    assert [(s.action, s.units) for s in starts] == [("big", 1)] and not reserved

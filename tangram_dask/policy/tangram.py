@@ -73,6 +73,7 @@ class TangramOptions:
     admission_at_max: float = 0.0  # 1: measure admission demand at units.max, 0: at units.min
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
+    elephant_hint: float = 2.25  # also an elephant when log(hint) > mean + this sd of its kind's log hints (0: off)
     admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
     admission_warmup: float = 8.0  # until this many trajectories ended, demand is learned per action and capped
     warmup_units: float = 1.0   # cap until then: 1, one per unit of the scarcest resource seen; 0, one per CPU slot
@@ -953,7 +954,8 @@ class TangramPolicy(Policy):
         self.pools["cpu"].rmin += spec.units_min
 
     def _elephant(self, spec: ActionSpec, est: float) -> bool:
-        """In the top tail of its kind: long enough to set the step's end on its own."""
+        """In the top tail of its kind (its estimate, or its hint among the kind's hints): long enough to set
+        the step's end on its own."""
         if spec.units_max == spec.units_min or est <= 0:
             return False
         w = self.ests.get(spec.kind)
@@ -961,7 +963,19 @@ class TangramPolicy(Policy):
             w = self.all_ests  # too few of its kind yet: against every estimate made so far
             if w.n < 8:
                 return False
-        return math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.m2 / (w.n - 1))  # w.var, inlined
+        if math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.m2 / (w.n - 1)):  # w.var, inlined
+            return True
+        z = self.opt.elephant_hint
+        if z and spec.hint_s:
+            # The estimate leans on the kind's history where hints are noisy, so an extreme hint is shrunk
+            # to a moderate estimate (xst312: hinted 6,106 s, estimated 329 s, run on 1 slot for 3,277 s
+            # while its step's other trajectories had ended). The hint's own place among the kind's hints
+            # still says it is in the tail.
+            ks = self.est.kinds.get(spec.kind)
+            h = ks.hints if ks is not None else None
+            if h is not None and h.n >= 8 and math.log(spec.hint_s) > h.mean + z * math.sqrt(h.m2 / (h.n - 1)):
+                return True
+        return False
 
     def _expected_wait(self, slots: int, now: float) -> float:
         """Seconds until ``slots`` more slots free up on one node, from the observed release rate."""
