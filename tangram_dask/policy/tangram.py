@@ -891,8 +891,11 @@ class TangramPolicy(Policy):
         room = cpu.room(node)  # real free slots: dispatch-ahead units never change sizing
         if room < 0:  # max(room, 0)
             room = 0
-        want = min(spec.units_max, cpu.limit[node]) if self._elephant(spec, p.est) else 0
-        if want > room and room >= need and node not in self.reserved:
+        want = spec.units_max
+        if cpu.limit[node] < want:
+            want = cpu.limit[node]  # min(units.max, the node's slots)
+        # the elephant test last: it matters only where the room falls short of what an elephant would want
+        if want > room and room >= need and node not in self.reserved and self._elephant(spec, p.est):
             wait = self._expected_wait(want - room, now)
             gain = p.est * (spec.scale(room) - spec.scale(want))
             if gain > self.opt.reserve_gain * wait:
