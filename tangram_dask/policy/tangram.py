@@ -156,6 +156,7 @@ class Pool:
         self.qwork = 0.0
         self.blocked: tuple | None = None
         # expected work submitted per second (seconds of work on units.min): the pool's recent demand
+        # (kept for GPU pools, where the residency rules read it)
         self.demand = Rate(horizon_s, settled=True)
         self.arrivals = Rate(horizon_s, settled=True)  # actions submitted per second (load_ahead only)
 
@@ -390,10 +391,11 @@ class TangramPolicy(Policy):
             w.add(log_est)
             self.all_ests.add(log_est)
         pool = self.pool(spec)
-        pool.demand.add(now, est)
-        if self.opt.load_ahead and spec.resource == "gpu":
-            pool.arrivals.add(now, 1.0)
-            self._ahead_spec[spec.model] = spec
+        if spec.resource == "gpu":  # a pool's demand and arrivals are read by the residency rules only
+            pool.demand.add(now, est)
+            if self.opt.load_ahead:
+                pool.arrivals.add(now, 1.0)
+                self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
     def _enqueue(self, aid: ActionId, spec: ActionSpec, est: float, key: float, pool: Pool | None = None) -> None:
