@@ -132,3 +132,20 @@ def test_issue_is_issued_then_expected():
             work = rng.lognormvariate(0.5, 1.0)
             one.observe(s, work)
             two.observe(s, work)
+
+
+# -- a hint's place among its kind's hints (``elephant_hint``) ----------------------------------------
+# Eight hints e^0, e^0, e^1, e^1, e^2, e^2, e^3, e^3 of kind "t": their logs have mean 1.5 and sample
+# variance (4 x 2.25 + 4 x 0.25) / 7 = 10/7 (sd 1.195); z = 2 puts the tail above log h = 3.890.
+@pytest.mark.parametrize("issued, hint, kind, want", [
+    pytest.param(8, E ** 4.0, "t", True, id="4.0-above-3.89"),
+    pytest.param(8, E ** 3.8, "t", False, id="3.8-below-3.89"),
+    pytest.param(7, E ** 10.0, "t", False, id="fewer-than-8-hints"),
+    pytest.param(8, E ** 10.0, "other", False, id="another-kind-has-none"),
+    pytest.param(8, None, "t", False, id="no-hint"),
+])
+def test_hint_in_tail(issued, hint, kind, want):
+    est = Estimator()
+    for x in [0, 0, 1, 1, 2, 2, 3, 3][:issued]:
+        est.issued(make_spec("t", hint_s=E ** x))
+    assert est.hint_in_tail(make_spec(kind, hint_s=hint), 2.0) is want

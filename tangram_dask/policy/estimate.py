@@ -78,6 +78,15 @@ class Estimator:
         ks.hints.add(log_h)
         return ks, log_h
 
+    def hint_in_tail(self, spec: ActionSpec, z: float) -> bool:
+        """The hint's log is more than ``z`` sd above the mean of its kind's hints (8 or more recorded)."""
+        h = spec.hint_s
+        ks = self.kinds.get(spec.kind)
+        w = ks.hints if ks is not None else None
+        if not h or w is None or w.n < MIN_SAMPLES:
+            return False
+        return math.log(h) > w.mean + z * math.sqrt(w.m2 / (w.n - 1))  # w.var, inlined
+
     def expected(self, spec: ActionSpec) -> float:
         ks = self.kinds.get(spec.kind)
         h = spec.hint_s

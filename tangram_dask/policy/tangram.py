@@ -970,17 +970,11 @@ class TangramPolicy(Policy):
                 return False
         if math.log(est) > w.mean + self.opt.elephant_z * math.sqrt(w.m2 / (w.n - 1)):  # w.var, inlined
             return True
+        # The estimate leans on the kind's history where hints are noisy, so an extreme hint is shrunk to a
+        # moderate estimate (xst312: hinted 6,106 s, estimated 329 s, run on 1 slot for 3,277 s while its
+        # step's other trajectories had ended). The hint's own place among the kind's hints still says it.
         z = self.opt.elephant_hint
-        if z and spec.hint_s:
-            # The estimate leans on the kind's history where hints are noisy, so an extreme hint is shrunk
-            # to a moderate estimate (xst312: hinted 6,106 s, estimated 329 s, run on 1 slot for 3,277 s
-            # while its step's other trajectories had ended). The hint's own place among the kind's hints
-            # still says it is in the tail.
-            ks = self.est.kinds.get(spec.kind)
-            h = ks.hints if ks is not None else None
-            if h is not None and h.n >= 8 and math.log(spec.hint_s) > h.mean + z * math.sqrt(h.m2 / (h.n - 1)):
-                return True
-        return False
+        return bool(z) and self.est.hint_in_tail(spec, z)
 
     def _expected_wait(self, slots: int, now: float) -> float:
         """Seconds until ``slots`` more slots free up on one node, from the observed release rate."""
@@ -1107,7 +1101,8 @@ class TangramPolicy(Policy):
                                 gp.idle)
                 return
             bg = self.opt.background_load
-            if bg and gp.loading_of(model) >= len(pool.waiting):
+            loading = gp.loading_of(model) if bg else 0  # replicas of it in a background load
+            if bg and loading >= len(pool.waiting):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return  # a load is under way for every action that waits
             self._now = now
@@ -1115,7 +1110,7 @@ class TangramPolicy(Policy):
             if site is None:
                 pool.blocked = ("no topology group can take a replica of {model} now", spec, gp.idle)
                 return
-            if (bg and self.opt.load_one and self.opt.residency and site[2] and gp.loading_of(model)
+            if (bg and self.opt.load_one and self.opt.residency and site[2] and loading
                     and (self.opt.load_one > 1 or self._gpu_lean())):
                 # one load that evicts per model at a time: two rewards arriving together are not
                 # demand for two replicas (on gpux-107 a second vision-judge load evicted the 140 GB judge)
