@@ -87,11 +87,16 @@ NEW, PENDING, GRANTED, DONE, FAILED = ActionState
 
 @dataclass(slots=True)
 class Action:
-    """The plugin's record of one action task (one per queued action: kept to four slots, 64 bytes).
+    """The plugin's record of one action task (kept to four slots, 64 bytes).
 
     ``grant`` (what the policy granted) and ``annotations`` (the task's own annotations while the
     granted copy is on the task) are set only together, while an action is granted: they share
     one slot.
+
+    Records of new and queued actions are shared: the tasks of one ``dask.annotate`` block share
+    one new record, and those that arrived in the same millisecond one queued record (a burst of
+    100,000 queued actions holds a handful of records, not 64 bytes each). Such a record is never
+    changed in place: :meth:`TangramSchedulerPlugin._own` gives a task its own copy first.
     """
 
     spec: ActionSpec | None
@@ -208,6 +213,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         #: set), else None: the monitor counts a submission there
         self.arrived: Hashable | None = None
         self._t_arrival = -1.0  # the submit time last given to an arriving action (shared within 1 ms)
+        self._queued_last: Action | None = None  # the queued record last made (shared: see Action)
         #: called with each background ``Load`` decision as it is applied (no task transition shows one):
         #: the dashboard monitor counts and logs it there
         self.load_listeners: list[Callable[[Load], None]] = []
@@ -353,6 +359,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             ts.resource_restrictions = None
             if ts.state == "no-worker" and a.spec is not None:
                 self.policy.submit(key, a.spec, now)
+                a = self._own(key, a)
                 a.state, a.grant = PENDING, None
                 self.stats.submitted += 1
         self._kick()
@@ -368,7 +375,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         # and so share one (frozen) ActionSpec, not a copy each; likewise one ``ts.annotations`` dict for the
         # tasks whose annotations are the very same objects (Dask makes one per task; it replaces a task's
         # annotations, never changes them in place). Ids are stable here: anns and the tasks hold every object.
-        specs: dict[int, ActionSpec] = {}
+        specs: dict[int, Action] = {}  # one new record per annotation object, shared by its tasks (see Action)
         shared: dict[tuple, dict] = {}
         for key, ann in anns.items():
             ts = tasks.get(key)
@@ -378,19 +385,19 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             if own:
                 same = tuple((k, id(v)) for k, v in own.items())
                 ts.annotations = shared.setdefault(same, own)
-            spec = specs.get(id(ann))
-            if spec is not None:
-                actions[key] = Action(spec)
+            rec = specs.get(id(ann))
+            if rec is not None:
+                actions[key] = rec
             else:
                 try:  # a fresh task: every key is the user's, so a 'grant' in it is refused (reserved)
-                    spec = specs[id(ann)] = ActionSpec.from_dict(ann)
+                    spec = ActionSpec.from_dict(ann)
                 except SpecError as e:
                     actions[key] = Malformed(None, message=f"malformed tangram annotation on task {key!r}: {e}")
                 except Exception as e:  # anything else a hand-made annotation can hold
                     actions[key] = Malformed(None, message=f"malformed tangram annotation on task {key!r}: "
                                                       f"{type(e).__name__}: {e}")
                 else:
-                    actions[key] = Action(spec)
+                    actions[key] = specs[id(ann)] = Action(spec)
             ts.worker_restrictions = PARKED
             ts.loose_restrictions = False
 
@@ -461,6 +468,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                         self.policy.cancel(key, self.now())
                         self.stats.cancelled += 1
                     self._kick()
+                a = self._own(key, a)
                 a.state, a.grant = DONE, None
                 self._done(key, ts, keep=finish not in ("memory", "erred"))
             elif finish == "processing":
@@ -473,6 +481,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     self._kick()
                 self._api_waiting.pop(key, None)
                 if a.state != FAILED:
+                    a = self._own(key, a)
                     a.state, a.grant = DONE, None
                 self._done(key, self.scheduler.tasks.get(key))
             if finish == "forgotten":
@@ -485,22 +494,35 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
     def _arrive(self, key: Hashable, a: Action) -> None:
         now = self.now()
-        if a.t0 is None:
+        t0 = a.t0
+        if t0 is None:
             # The submit time the monitor measures ACT from. Arrivals less than 1 ms apart share the first
             # one's float (ACT read at most 1 ms long): a burst of 100,000 queued actions (one client.map)
-            # holds a float per millisecond, not one per action (32 bytes each).
+            # holds a float per millisecond, not one per action (32 bytes each), and one queued record.
             t0 = self._t_arrival
             if not 0.0 <= now - t0 < 1e-3:
                 t0 = self._t_arrival = now
-            a.t0 = t0
             self.arrived = key
         if a.error is not None:
+            a.t0 = t0  # a Malformed record is its task's own
             self._fail_later(key, a.error)
             return
         self.policy.submit(key, a.spec, now)
-        a.state = PENDING
+        q = self._queued_last
+        if q is None or q.spec is not a.spec or q.t0 is not t0:
+            q = self._queued_last = Action(a.spec, PENDING, t0)
+        self.actions[key] = q
         self.stats.submitted += 1
         self._kick()
+
+    def _own(self, key: Hashable, a: Action) -> Action:
+        """``key``'s record to change in place: a copy of its own where the record may be shared (new or
+        queued, see :class:`Action`), put in ``actions``; else the record itself."""
+        if a.granted is None and a.state in (NEW, PENDING) and type(a) is Action:
+            a = Action(a.spec, a.state, a.t0)
+            if key in self.actions:
+                self.actions[key] = a
+        return a
 
     def _run_s(self, a: Action, kw: Mapping[str, Any]) -> float | None:
         c = 0.0
@@ -597,6 +619,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if decl.device_ids:
                     device_ids = tuple(decl.device_ids[i] for i in d.gpus)
         grant = Grant.of_start(d, worker, device_ids, self._setup_s(d, spec))
+        a = self._own(key, a)
         a.annotations = ts.annotations
         ts.annotations = self._granted_annotations(ts.annotations, grant.to_msg())
         ts.resource_restrictions = resources
@@ -740,6 +763,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if ts is None or ts.state not in ("no-worker", "processing"):
             return
         if a is not None:
+            a = self._own(key, a)
             a.state, a.grant = FAILED, None
         self.stats.failed += 1
         logger.error("tangram: action %r errs: %s", key, message)
