@@ -210,8 +210,8 @@ def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
 
 def test_the_actions_of_one_annotate_block_share_one_spec():
     """Dask gives every task of one ``dask.annotate`` block the same annotation object; the plugin parses it
-    once (one frozen ActionSpec for them all, not ~120 bytes per queued action), and a malformed one errs
-    every task of its block, naming the field."""
+    once (one frozen ActionSpec for them all, not ~120 bytes per queued action), shares the queued records
+    of what arrived together, and a malformed one errs every task of its block, naming the field."""
     plugin = TangramSchedulerPlugin("tangram")
     with start_cluster(plugin, {}) as cluster, Client(cluster) as client:  # no worker: every action waits
         with tangram_dask.action(kind="shared", resource="cpu", units=1):
@@ -223,12 +223,17 @@ def test_the_actions_of_one_annotate_block_share_one_spec():
             p = dask_scheduler.plugins["tangram"]
             present = [dask_scheduler.tasks[k] for k in keys if k in dask_scheduler.tasks]
             return (len({id(p.actions[k].spec) for k in keys if k in p.actions}),
-                    len({id(ts.annotations) for ts in present}), len(present))
+                    len({id(ts.annotations) for ts in present}), len(present),
+                    len({id(p.actions[k]) for k in keys if k in p.actions}),
+                    {p.actions[k].state.value for k in keys if k in p.actions})
 
         deadline = time.monotonic() + 20
-        while client.run_on_scheduler(specs, keys=[f.key for f in futs]) != (1, 1, 20):
+        while client.run_on_scheduler(specs, keys=[f.key for f in futs])[:3] != (1, 1, 20):
             assert time.monotonic() < deadline, client.run_on_scheduler(specs, keys=[f.key for f in futs])
             time.sleep(0.05)
+        # queued records are shared too: one per millisecond of arrivals, not one per task (64 bytes each)
+        _, _, _, records, states = client.run_on_scheduler(specs, keys=[f.key for f in futs])
+        assert states == {"pending"} and records < 20, (records, states)
         for f in bad:
             with pytest.raises(Exception, match="units.min"):
                 f.result(timeout=20)
