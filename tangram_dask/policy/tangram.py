@@ -529,11 +529,10 @@ class TangramPolicy(Policy):
         end or a capacity change touched them (``_limit_dirty``), not on every
         pass. The queue check runs only when the limit would admit someone.
         """
-        learned = self.gaps.n >= 16 and self.turn_time.n >= 16
         opt = self.opt
         if self._limit_dirty or self._limit is None:
             max_wait = math.inf
-            if learned:
+            if self._learned():
                 cycle = self.gaps.mean + self.turn_time.mean
                 limit = self._admission_limit(cycle)
                 if opt.admission_cycles:
@@ -559,10 +558,11 @@ class TangramPolicy(Policy):
         if active < limit:
             if opt.admission_queue and self._queueing():
                 limit = active
-        elif opt.idle_admit and self._idle(now):
+        # (_idle's first test is read here: once a trajectory ended it is false on nearly every pass)
+        elif opt.idle_admit and (not self.ended_n or (opt.idle_learned and self._binds > 0)) and self._idle(now):
             limit = active + 1
             self._idle_at = now
-        if opt.admission_ramp and active < limit and not learned:
+        if opt.admission_ramp and active < limit and not self._learned():
             limit = self._ramp(limit)
         queue = self.admission_queue
         if (opt.admit_tail and self.ended_n < opt.admission_warmup
@@ -580,6 +580,10 @@ class TangramPolicy(Policy):
             out.append(Admit(t))
         if not queue:
             self._m_prev = None  # nobody waits: the time until somebody does is not measured
+
+    def _learned(self) -> bool:
+        """Enough turns seen (16 LLM gaps, 16 actions) for the admission limit to be learned from them."""
+        return self.gaps.n >= 16 and self.turn_time.n >= 16
 
     def _gpu_lean(self) -> bool:
         """The per-model gate applies: the cluster leans to GPUs (CPU slots <= ``gpu_lean`` x GPUs), or
