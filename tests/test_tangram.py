@@ -329,11 +329,12 @@ def _is_load(d) -> bool:
 @pytest.mark.parametrize("residency, where", [(1, (2, 3)), (0, (0, 1))])
 def test_a_load_does_not_stall_another_models_only_replica(residency, where, bg):
     """A load holds its GPUs for load_s, and a GPU runs one thing at a time. GPUs 0-1 hold the
-    judge's only replica (GPU 0), GPUs 2-3 two prm replicas. A vision judge's 2-GPU load beside
-    the prm replicas blocks one of two; beside the judge it would block the judge for the whole
-    load, although the judge is the less busy of the two (lower contention)."""
-    pol = _gpu_case((2, 2), {"judge": (16.0, 25.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
-                    [("judge", (0,)), ("prm", (2,)), ("prm", (3,))],
+    judge's only replica (GPU 0), GPU 2 a prm replica and GPU 4 (a group of its own) another. A
+    vision judge's 2-GPU load beside the prm replica on GPU 2 blocks one of two; beside the judge
+    it would block the judge for the whole load, although the judge is the less busy of the two
+    (lower contention)."""
+    pol = _gpu_case((2, 2, 1), {"judge": (16.0, 25.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
+                    [("judge", (0,)), ("prm", (2,)), ("prm", (4,))],
                     TangramOptions(residency=residency, background_load=bg))
     pol.submit(0, _gpu_action("judge", 0), 0.0)
     pol.submit(1, _gpu_action("prm", 1), 0.0)
@@ -343,6 +344,33 @@ def test_a_load_does_not_stall_another_models_only_replica(residency, where, bg)
         pol.finish(aid, 1.0, 1.0)
     pol.submit(3, _gpu_action("vlm", 3, (2, 2)), 2.0)
     (d,) = pol.schedule(2.0)  # the same site whether the load is the action's own or a background one
+    assert _is_load(d) and d.gpus == where
+
+
+@pytest.mark.parametrize("stall_free, where", [(1.0, (4, 5)), (0.0, (2, 3))])
+def test_a_load_leaves_a_model_with_demand_a_replica_free_of_loads(stall_free, where):
+    """``stall_free``: the judge has two replicas, GPU 0 and GPU 2, and a vision judge is loading
+    beside the first (GPUs 0-1, 60 s). An OCR model's load beside the second (GPUs 2-3) would leave
+    the judge nothing to serve on until one of the loads ends, although the judge is less busy
+    than prm, whose replica on GPU 4 is the other site's neighbour (its second, GPU 6, in a group
+    of its own, still serves). Read as "only replica", as before, the judge's site was free to
+    take; read as "no replica left free of loads", it is not."""
+    pol = _gpu_case((2, 2, 2, 1), {"judge": (16.0, 25.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0),
+                                   "ocr": (60.0, 60.0)},
+                    [("judge", (0,)), ("judge", (2,)), ("prm", (4,)), ("prm", (6,))],
+                    TangramOptions(stall_free=stall_free))
+    aid = 0
+    for model, hint in (("judge", 1.0), ("judge", 1.0), ("prm", 5.0), ("prm", 5.0)):
+        pol.submit(aid, _gpu_action(model, aid, hint=hint), 0.0)
+        aid += 1
+    assert len(pol.schedule(0.0)) == 4
+    for a in range(aid):
+        pol.finish(a, 1.0, 1.0)
+    pol.submit(aid, _gpu_action("vlm", aid, (2, 2)), 2.0)
+    (d,) = pol.schedule(2.0)
+    assert _is_load(d) and d.gpus == (0, 1)  # beside the judge: its other replica still serves
+    pol.submit(aid + 1, _gpu_action("ocr", aid + 1, (2, 2)), 3.0)
+    (d,) = pol.schedule(3.0)
     assert _is_load(d) and d.gpus == where
 
 

@@ -18,8 +18,8 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    a time constant of at least the model's ``load_s``). Residency follows
    demand: a replica its model's demand needs is kept (``_evictable``), and so
    is one tangram loaded until it has served as much work as its load took;
-   a new one never blocks another model's only replica for its load
-   (``_stalls``), goes where the fewest evictions and the least busy
+   a new one never leaves another model with demand without a replica free of
+   loads (``_stalls``), goes where the fewest evictions and the least busy
    neighbours are (``_contention``), and takes ``units.max`` GPUs of the
    group where that costs nothing more (``_replica_shapes``); an action
    takes the largest ready replica within its ``units.max``.
@@ -103,6 +103,12 @@ class TangramOptions:
                                      # tools (not rewards): the opening holds ACT, this gives the step back
     open_hold: float = 16.0     # >0: once a GPU action was seen, the per-model limit stays under admission_open
                                 # until this many actions were seen (4 say little: one short prm hint read 41)
+    open_blind: float = 0.0     # >0 (opt-in, with open_hold): while none of the actions seen was a GPU action the
+                                # opening also holds until this many were seen (on gpu-xl-heavy the first five were
+                                # CPU and API calls: 32 in flight at t = 1.7 s on one process-reward replica)
+    stall_free: float = 1.0     # >0 (with residency): a load stalls a model with demand when it leaves none of its
+                                # replicas free of loads (beside this one, evicted by it, or beside another load
+                                # under way); 0: only when it blocks the model's one replica
     load_one: float = 1.0       # >0 (with residency, where gpu_lean applies; 2: everywhere): while a model's replica
                                 # loads, another load of it evicts nothing
     background_load: float = 1.0  # 1 (default): a load is a Load decision no action waits inside; the action that
@@ -547,9 +553,11 @@ class TangramPolicy(Policy):
         if opt.admission_model and self.ended_n < opt.admission_warmup and self._gpu_lean():
             if self.turn_time.n >= 4:
                 m = self._model_limit()
-                if opt.open_hold and opt.admission_open and m < math.inf and self.turn_time.n < opt.open_hold:
+                if (opt.open_hold and opt.admission_open
+                        and self.turn_time.n < (opt.open_hold if m < math.inf else opt.open_blind)):
                     # GPU actions seen: no more than the opening until as many actions as the learned limit
-                    # needs (on gpux-101 the first four held one prm call hinted 0.2 s and read 41 in flight)
+                    # needs (on gpux-101 the first four held one prm call hinted 0.2 s and read 41 in flight);
+                    # with open_blind, also for a while when none was seen (four CPU calls say little either)
                     m = min(m, opt.admission_open)
                 limit = min(limit, m)
             elif opt.admission_open:
@@ -1379,23 +1387,59 @@ class TangramPolicy(Policy):
         return round(out, 6)
 
     def _stalls(self, cands: set[ReplicaId], plan: list[ReplicaId]) -> int:
-        """Models with demand whose only replica stays on the chosen GPUs.
+        """Models with demand that the load leaves with no replica free to serve.
 
         A load holds its GPUs for ``load_s``, and a GPU runs one thing at a time: every replica
         that stays there is blocked meanwhile. For a model with other replicas that is contention;
         for a model whose only replica it is, none of its actions can run for the whole load (on
         an 8-GPU cluster the 8B judge's one replica sat beside a 140 GB judge's 100 s load, and its
         actions waited up to 103 s). Such a site is used only by a model with no replica at all.
+
+        With ``stall_free`` "only replica" is read as "no replica left free": every replica of the
+        model is on the chosen GPUs (beside the load, or evicted by it) or already held by another
+        load under way (``_held_by_load``), and at least one of them waits for a load. On
+        ``gpux-111`` a vision-judge load beside one of the 140 GB judge's two replicas was followed
+        2.5 s later by an 8B-judge load beside the other, and the 140 GB judge served nothing for
+        25 s. Evicting a model's last replica, with none of it blocked, is ``_evictable``'s business.
         """
         gp = self.gpu
         out = 0
+        if not self.opt.stall_free:
+            for rid in cands:
+                if rid in plan:
+                    continue
+                m = gp.replicas[rid].model
+                if len(gp.by_model[m]) == 1 and self._needed(m, self._now) > 0:
+                    out += 1
+            return out
+        seen: set[str] = set()
         for rid in cands:
-            if rid in plan:
-                continue
             m = gp.replicas[rid].model
-            if len(gp.by_model[m]) == 1 and self._needed(m, self._now) > 0:
-                out += 1
+            if m in seen:
+                continue
+            seen.add(m)
+            if self._needed(m, self._now) <= 0:
+                continue
+            blocked = False  # some replica of it waits for a load: beside this one, or beside another
+            for o in gp.by_model[m]:
+                if o in cands:
+                    blocked = blocked or o not in plan
+                elif self._held_by_load(o):
+                    blocked = True
+                else:
+                    break  # a replica free of loads: it still serves
+            else:
+                out += blocked
         return out
+
+    def _held_by_load(self, rid: ReplicaId) -> bool:
+        """The replica cannot serve until a load ends: it is loading, or shares a GPU with one that is."""
+        gp = self.gpu
+        r = gp.replicas[rid]
+        if r.loading:
+            return True
+        gpus = gp.nodes[r.node].gpus
+        return any(gp.replicas[o].loading for i in r.gpus for o in gpus[i].replicas)
 
     def _spanning_site(self, model: str, spec: ActionSpec, waiting: set[str]) -> tuple | None:
         """A replica too large for any topology group spans groups (and pays the slowdown)."""
