@@ -225,6 +225,18 @@ def test_same_seed_gives_identical_arrays():
     assert a.n_trajectories == 256
 
 
+@pytest.mark.parametrize("name", ["standard", "small"])
+def test_batched_draws_give_the_same_arrays_as_one_draw_at_a_time(name):
+    """Where every duration is lognormal, generate() takes consecutive normal draws in one call: the
+    arrays must be those of the draw-by-draw loop, to the bit (several steps, so the stream runs on)."""
+    d = yaml.safe_load(open(f"{BENCH}/{name}.yaml"))
+    d["steps"] = 3
+    wl = parse_workload(d)
+    for x, y in zip(_arrays(generate(wl)), _arrays(generate(wl, batched=False))):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
 def test_different_seed_gives_different_draws():
     d = yaml.safe_load(open(f"{BENCH}/small.yaml"))
     a = generate(parse_workload(d))
