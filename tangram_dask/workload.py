@@ -145,6 +145,8 @@ def generate(spec: WorkloadSpec, *, batched: bool = True) -> Generated:
     tools, rewards = spec.tools, spec.rewards
     cum_t = _cumulative(tools)
     cum_r = _cumulative(rewards)
+    if batched and all(d.dist == "lognormal" for d in (spec.llm_time_s, *(k.duration for k in tools + rewards))):
+        return _generate_lognormal(spec, rng, cum_t, cum_r)
     n_tools = len(tools)
     sigma = spec.hint_sigma
     first = [0]
@@ -154,8 +156,6 @@ def generate(spec: WorkloadSpec, *, batched: bool = True) -> Generated:
     hint: list[float] = []
     normal, random_, exp = rng.standard_normal, rng.random, math.exp
     turns_d = spec.turns
-    if batched and all(d.dist == "lognormal" for d in (spec.llm_time_s, *(k.duration for k in tools + rewards))):
-        return _generate_lognormal(spec, rng, cum_t, cum_r)
     llm_draw = _sampler(spec.llm_time_s, rng)
     tool_d = [_sampler(k.duration, rng) for k in tools]
     rew_d = [_sampler(k.duration, rng) for k in rewards]
@@ -203,9 +203,7 @@ def _generate_lognormal(spec: WorkloadSpec, rng: np.random.Generator, cum_t: lis
             z = normal()  # the first turn's LLM delay
             for t in range(turns):
                 llm.append(la * exp(lb * z))
-                i = bisect_right(cum_t, random_())
-                if i > n_tools - 1:
-                    i = n_tools - 1
+                i = min(bisect_right(cum_t, random_()), n_tools - 1)
                 if t + 1 < turns:
                     zd, zh, z = normal(3).tolist()
                 else:
