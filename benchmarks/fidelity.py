@@ -6,7 +6,7 @@ simulator, and prints each act_mean_s and step_s with the live/sim ratios
 (target: within 10% for tangram). The live plugin runs with the options it
 ships (dispatch-ahead included), as ``tangram-dask bench --live`` does.
 
-    python benchmarks/fidelity.py [WORKLOAD] [CLUSTER] [--time-scale 0.05]
+    python benchmarks/fidelity.py [WORKLOAD] [CLUSTER] [--time-scale 0.2]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", nargs="?", default=str(ROOT / "resources/bench/small.yaml"))
     ap.add_argument("cluster", nargs="?", default=str(ROOT / "resources/bench/cluster-laptop.yaml"))
-    ap.add_argument("--time-scale", type=float, default=0.05)
+    ap.add_argument("--time-scale", type=float, default=0.2)
     a = ap.parse_args()
     wl, cl = load_workload(a.workload), load_cluster(a.cluster)
     policies = ("tangram", "fifo")

@@ -188,8 +188,9 @@ def format_table(results: list[dict[str, Any]]) -> str:
 @click.option("--time-policy", is_flag=True, help="Measure the policy's cost per decision.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on long runs.")
 @click.option("--live", is_flag=True, help="Run on a real Dask LocalCluster instead of simulating.")
-@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True,
-              help="Live: wall seconds per workload second.")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
+              help="Live: wall seconds per workload second (each ms of the host's dispatch latency reads as "
+                   "1/time-scale ms of workload time: smaller runs faster and reads the host more).")
 @click.option("-o", "--option", "options", multiple=True, callback=_options, metavar="KEY=VALUE",
               help="A tangram policy option (repeatable), e.g. -o admission=0.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",

@@ -1,6 +1,6 @@
 """The live benchmark: a generated workload replayed on a real LocalCluster through the plugin.
 
-    run_live(workload_spec, cluster_spec, policies=("tangram", "fifo"), time_scale=0.05) -> list[dict]
+    run_live(workload_spec, cluster_spec, policies=("tangram", "fifo"), time_scale=0.2) -> list[dict]
 
 One worker process per node of the cluster file (CPU node: ``slots`` threads
 and resource; GPU node: abstract GPUs declared by config, no device is
@@ -208,11 +208,15 @@ def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float
 
 
 def run_live(workload_spec: WorkloadSpec, cluster_spec: ClusterSpec, policies: tuple[str, ...] = ("tangram", "fifo"),
-             time_scale: float = 0.05, *, pipeline: int | None = None, low_latency: bool = True,
+             time_scale: float = 0.2, *, pipeline: int | None = None, low_latency: bool = True,
              progress: Callable[[str, int, int], None] | None = None,
              options: TangramOptions | None = None) -> list[dict[str, Any]]:
     """Replay ``generate(workload_spec)`` live for each policy; the metrics of ``bench.simulate``, rescaled.
 
+    ``time_scale``: wall seconds per workload second. Each millisecond Dask takes to dispatch an action
+    reads as ``1 / time_scale`` ms of workload time, so the default (0.2: 5 ms) keeps the host's own
+    latency out of the comparison with the simulator; at 0.05 a loaded 2-core machine read tangram's
+    ACT 10-16% above the simulator's, at 0.2 2-5% (docs/placement.md).
     ``low_latency`` shortens Dask's message batching to 1 ms for the run (see :func:`_low_latency`);
     ``pipeline`` is the plugin's CPU dispatch-ahead (None: as shipped; it pipelines, never changes sizing);
     ``options`` are the tangram policy's knobs, as in the simulator.

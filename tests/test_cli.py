@@ -219,7 +219,7 @@ PLUMBING = [
      dict(options={"admission": 0.0, "aging": 2.5})),
     ("live", ["--live", "--policy", "fifo", "--time-scale", "0.01", "-o", "price=1"], "live",
      dict(policies=("fifo",), time_scale=0.01, options={"price": 1.0})),
-    ("live-defaults", ["--live"], "live", dict(policies=("tangram", "fifo"), time_scale=0.05, options=None)),
+    ("live-defaults", ["--live"], "live", dict(policies=("tangram", "fifo"), time_scale=0.2, options=None)),
 ]
 
 
