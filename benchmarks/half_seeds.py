@@ -7,7 +7,7 @@ chance. Here the same shape on seeds 100-123 (hint sigma 1.0, 0.3 and 1.6 in tur
 the test's. Prints, per seed, tangram's step/fifo and ACT/static, then how many seeds have its
 step under fifo's, its ACT under static's, and both of those with its step under static's.
 
-    python benchmarks/half_seeds.py [-j 2] [-o key=value ...]
+    python benchmarks/half_seeds.py [-j 2] [-o key=value ...] [--seeds 120 --base 500 --quiet]
 """
 
 from __future__ import annotations
@@ -54,10 +54,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("-o", "--policy-option", action="append", default=[], help="a tangram option, key=value")
+    ap.add_argument("--seeds", type=int, default=0, help="N seeds from --base instead of the 24 (a wider sample)")
+    ap.add_argument("--base", type=int, default=500)
+    ap.add_argument("--quiet", action="store_true", help="the summary line only")
     a = ap.parse_args()
     opts = {k: float(v) for k, v in (kv.split("=") for kv in a.policy_option)}
+    seeds = range(a.base, a.base + a.seeds) if a.seeds else SEEDS
     with ProcessPoolExecutor(max(a.jobs, 1)) as ex:
-        res = list(ex.map(measure, SEEDS, [opts] * len(SEEDS)))
+        res = list(ex.map(measure, seeds, [opts] * len(seeds)))
     sf, sa = [], []
     n_f = n_a = n_all = 0
     for seed, t, f, s in res:
@@ -67,7 +71,8 @@ def main() -> None:
         n_f += rf < 1
         n_a += ra < 1
         n_all += rf < 1 and ra < 1 and t["step_s"] < s["step_s"]
-        print(f"half{seed}  step/fifo {rf:.3f}  act/static {ra:.3f}")
+        if not a.quiet:
+            print(f"half{seed}  step/fifo {rf:.3f}  act/static {ra:.3f}")
     n = len(res)
     print(f"step under fifo's {n_f}/{n}; ACT under static's {n_a}/{n}; both, step under static's too {n_all}/{n}; "
           f"step/fifo mean {statistics.mean(sf):.3f} max {max(sf):.3f}; "
