@@ -726,3 +726,34 @@ def test_an_elephant_that_waited_at_home_reserves_like_any_other(home_reserve):
         assert starts == [] and pol.reserved[home].aid == "big" and pol.reserved[home].want == 8
     else:
         assert [(s.action, s.node, s.units) for s in starts] == [("big", home, 1)] and not pol.reserved
+
+
+@pytest.mark.parametrize("evict_count", [1.0, 0.0])
+def test_a_load_leaves_a_model_the_replicas_its_demand_needs(evict_count):
+    """The live benchmark's files (small.yaml on cluster-laptop.yaml): the 140 GB judge on GPUs 0-1, the
+    16 GB judge on GPU 2 and on GPU 3. With the 16 GB judge's recent demand about half a replica busy,
+    a site on GPUs 2-3 may evict one of its replicas, not both: each is judged with those listed before
+    it gone. Judged alone (``evict_count=0``, before), both were beyond its need of one, and a second
+    140 GB replica took them both during a burst of rewards (over 16 seeds of the file the rewards
+    waited 1.93 s more than static's on average and tangram loaded 20 replicas; with the count 0.66 s, 3)."""
+    from tangram_dask.policy import make_policy
+
+    wl = load_workload(f"{BENCH}/small.yaml")
+    pol = make_policy("tangram", load_cluster(f"{BENCH}/cluster-laptop.yaml"), wl,
+                      options=TangramOptions(admission=0, evict_count=evict_count))
+    small = sorted(rid for rid, r in pol.gpu.replicas.items() if r.model == "rm-small")
+    assert len(small) == 2
+    t = 0.0
+    for i in range(16):  # one 1 s reward every 2 s, each ending its trajectory: about half a replica busy
+        pol.begin_trajectory(f"t{i}", t)
+        pol.submit(f"r{i}", make_spec("judge_small", "gpu", (1, 2), speedup=0.8, model="rm-small", hint_s=1.0,
+                                      trajectory=f"t{i}"), t)
+        pol.schedule(t)
+        pol.finish(f"r{i}", t + 1.0, 1.0)
+        pol.end_trajectory(f"t{i}", t + 1.0)
+        t += 2.0
+        pol.schedule(t)
+    assert pol.traj_n >= 8  # past keep_deployed's 8 ended trajectories
+    assert 0.0 < pol._needed("rm-small", t) <= 1.0
+    order = pol._evict_order(set(small), set())
+    assert len(order) == (1 if evict_count else 2)

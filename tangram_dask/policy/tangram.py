@@ -90,6 +90,8 @@ class TangramOptions:
                                  # (the knee: past it more in flight shrink actions, not fill slots; under 1,
                                  # headroom for the variance of arrivals: at 1 the slots queue as an M/G/c at rho 1)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
+    evict_count: float = 1.0    # 1: a replica is beyond its model's need counting those one load evicts before it
+                                # (0: each judged alone, so one load could take every replica its demand needs)
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
     hint_spread: float = 1.0    # 1: a kind's work spread also from the hints of every issued action (not only finished)
@@ -1320,8 +1322,7 @@ class TangramPolicy(Policy):
                     idle.sort(key=lambda i: -st.gpus[i].mem_free)
                     gpus = tuple(sorted(idle[:k]))
                     cands = {rid for i in gpus for rid in st.gpus[i].replicas}
-                    order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
-                    order = [rid for rid in order if self._evictable(rid, waiting)]
+                    order = self._evict_order(cands, waiting)
                     plan = gp.eviction_plan(name, gpus, share, order)
                     if plan is not None and self.opt.residency:
                         stalls = self._stalls(cands, plan)
@@ -1465,8 +1466,7 @@ class TangramPolicy(Policy):
             idle.sort(key=lambda i: -st.gpus[i].mem_free)
             gpus = tuple(sorted(idle[:k]))
             cands = {rid for i in gpus for rid in st.gpus[i].replicas}
-            order = [rid for rid in sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
-                     if self._evictable(rid, waiting)]
+            order = self._evict_order(cands, waiting)
             plan = gp.eviction_plan(name, gpus, ms.gpu_memory_gb / k, order)
             if plan is not None and (best is None or len(plan) < best[0]):
                 best = (len(plan), name, gpus, plan)
@@ -1482,7 +1482,28 @@ class TangramPolicy(Policy):
         """Demand per GB of the model's replicas: what a GB of its residency is worth."""
         return self._needed(model, self._now) / max(self.models[model].gpu_memory_gb, 1e-6)
 
-    def _evictable(self, rid: ReplicaId, waiting: set[str]) -> bool:
+    def _evict_order(self, cands, waiting: set[str]) -> list[ReplicaId]:
+        """The replicas on a load site that may go, in the order to evict them (``_evict_rank``).
+
+        With ``evict_count`` each is judged with the replicas of its model listed before it gone
+        (``_evictable``'s ``gone``): a model whose demand needs one of its two replicas may lose one,
+        not both. Judged one at a time, both were "beyond its need": on the live benchmark's 4 GPUs a
+        140 GB judge's second replica evicted both replicas of the 16 GB judge during a burst of rewards,
+        which then waited for a reload beside the 140 GB judge's only ready replica.
+        """
+        order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
+        if not self.opt.evict_count:
+            return [rid for rid in order if self._evictable(rid, waiting)]
+        out: list[ReplicaId] = []
+        gone: dict[str, int] = {}
+        for rid in order:
+            m = self.gpu.replicas[rid].model
+            if self._evictable(rid, waiting, gone.get(m, 0)):
+                out.append(rid)
+                gone[m] = gone.get(m, 0) + 1
+        return out
+
+    def _evictable(self, rid: ReplicaId, waiting: set[str], gone: int = 0) -> bool:
         """Idle, and not a replica its model's demand needs, unless the loader needs the memory more.
 
         A model keeps ``ceil(needed)`` replicas (recent demand in busy
@@ -1499,7 +1520,7 @@ class TangramPolicy(Policy):
         r = self.gpu.replicas[rid]
         if r.busy:
             return False
-        reps = len(self.gpu.by_model[r.model])
+        reps = len(self.gpu.by_model[r.model]) - gone  # gone: of its model's replicas, those evicted before it
         if r.model in waiting and reps <= 1:
             return False
         if not self.opt.residency:
