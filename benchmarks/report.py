@@ -258,6 +258,8 @@ ABOUT = {
     "tail": "Heavy-tailed durations with poor hints (hint sigma 1.5-2.0), several steps.",
     "small": "Small steps (48-64 trajectories) on the GPU-bound, heavy-tail and standard workloads.",
     "gpux": "More GPU-bound seeds over the four GPU cluster shapes of `gpu`.",
+    "live": "The live benchmark's files (`small.yaml` on `cluster-laptop.yaml`, what `bench --live` runs) on "
+            "8 seeds: 32 trajectories, 16 CPU slots, 4 GPUs.",
 }
 
 

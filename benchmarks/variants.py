@@ -44,7 +44,7 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 BENCH = ROOT / "resources" / "bench"
-FAMILIES = ("std", "gpu", "tail", "small", "gpux")  # "all"; demo only by name (not in docs/benchmarks.md)
+FAMILIES = ("std", "gpu", "tail", "small", "gpux", "live")  # "all"; demo only by name (not in docs/benchmarks.md)
 
 
 def _yaml(path: Path) -> dict:
@@ -207,6 +207,14 @@ def small_family(quick: bool) -> list[tuple[dict, dict]]:
     return out[:4] if quick else out
 
 
+def live_family(quick: bool) -> list[tuple[dict, dict]]:
+    """The live benchmark's files (``bench --live``: small.yaml on cluster-laptop.yaml) on 8 seeds: 32
+    trajectories, 16 CPU slots, 4 GPUs in two groups of 2 holding one 140 GB judge and two 16 GB ones."""
+    w0 = _yaml(BENCH / "small.yaml")
+    c0 = _yaml(BENCH / "cluster-laptop.yaml")
+    return [(_with(w0, f"live-seed{s}", seed=s), c0) for s in ((11,) if quick else (11, 1, 2, 3, 4, 5, 6, 7))]
+
+
 def demo_family(quick: bool) -> list[tuple[dict, dict]]:
     """The shape of ``tangram-dask demo``: trajectories idle in LLM generation most of the time."""
     w0 = _yaml(ROOT / "resources" / "variants" / "demo-like.yaml")
@@ -216,7 +224,7 @@ def demo_family(quick: bool) -> list[tuple[dict, dict]]:
 
 def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
     return {"std": std_family, "gpu": gpu_family, "tail": tail_family, "small": small_family,
-            "gpux": gpux_family, "demo": demo_family}[name](quick)
+            "gpux": gpux_family, "live": live_family, "demo": demo_family}[name](quick)
 
 
 COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
@@ -241,7 +249,8 @@ def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", default="std", help="comma-separated: std, gpu, tail, small, gpux, demo (or all)")
+    ap.add_argument("--family", default="std",
+                    help="comma-separated: std, gpu, tail, small, gpux, live, demo (or all)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parity", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1)
