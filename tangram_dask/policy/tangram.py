@@ -1491,16 +1491,14 @@ class TangramPolicy(Policy):
         140 GB judge's second replica evicted both replicas of the 16 GB judge during a burst of rewards,
         which then waited for a reload beside the 140 GB judge's only ready replica.
         """
-        order = sorted(cands, key=lambda rid: self._evict_rank(rid, waiting))
-        if not self.opt.evict_count:
-            return [rid for rid in order if self._evictable(rid, waiting)]
         out: list[ReplicaId] = []
-        gone: dict[str, int] = {}
-        for rid in order:
+        gone: dict[str, int] = {}  # per model, its replicas already in ``out`` (kept at 0 without evict_count)
+        for rid in sorted(cands, key=lambda rid: self._evict_rank(rid, waiting)):
             m = self.gpu.replicas[rid].model
             if self._evictable(rid, waiting, gone.get(m, 0)):
                 out.append(rid)
-                gone[m] = gone.get(m, 0) + 1
+                if self.opt.evict_count:
+                    gone[m] = gone.get(m, 0) + 1
         return out
 
     def _evictable(self, rid: ReplicaId, waiting: set[str], gone: int = 0) -> bool:
