@@ -155,3 +155,20 @@ def test_the_demo_shape_runs_and_tangram_keeps_its_act():
     f = simulate(gen, cluster, "fifo", audit=True)
     assert t["actions"] == f["actions"] == 112
     assert t["act_mean_s"] < f["act_mean_s"], (t["act_mean_s"], f["act_mean_s"])
+
+
+def test_the_sweep_draws_the_same_variant_from_a_seed_and_measures_every_option_set_on_it():
+    """benchmarks/sweep.py: a seed is one variant (so option sets compare on the same draws), and each set
+    gets its own ratios. Seed 2148 is the variant where ``home_reserve`` took the step from 1.77x static's
+    to about 1x (an elephant that waited at home, then ran on 1 slot of 8 for 3,117 s)."""
+    import sys
+
+    sys.path.insert(0, str(BENCH.parents[1]))
+    from benchmarks.sweep import measure, variant
+
+    assert variant(2148) == variant(2148) and variant(2148) != variant(2149)
+    name, rows = measure(2148, [{"home_reserve": 0.0}, {}])
+    assert name == "s2148-std" and len(rows) == 2
+    (act0, step0, _, ideal0), (act1, step1, _, ideal1) = rows
+    assert step0 > 1.5 and step1 < 0.5 * step0  # step/static, without the home waiter's reservation and with it
+    assert ideal0 >= 1.0 and ideal1 >= 1.0
