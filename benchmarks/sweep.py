@@ -16,6 +16,7 @@ mean and max of ACT/static, step/static, step/fifo and ACT/ideal.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
 import sys
@@ -32,11 +33,19 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 
+@functools.lru_cache(maxsize=1)
+def _bases() -> dict[str, dict]:
+    """The workloads and clusters the shapes start from, read once (``V._with`` copies a workload)."""
+    small = V.small_family(False)
+    return {"std": V._yaml(V.BENCH / "cluster-standard.yaml"), "tight": V._yaml(V.BENCH / "cluster-tight.yaml"),
+            "half": small[4][1], "gpu": small[0][1], "standard.yaml": V._yaml(V.BENCH / "standard.yaml"),
+            "gpu-bound.yaml": V._yaml(V.ROOT / "resources" / "variants" / "gpu-bound.yaml")}
+
+
 def variant(seed: int) -> tuple[dict, dict]:
     """One seed's shape, drawn from ``random.Random(seed)`` (the same seed, the same variant)."""
     r = random.Random(seed)
-    small = V.small_family(False)
-    c_half, c_gpu = small[4][1], small[0][1]
+    b = _bases()
     sigma = r.choice([1.0, 1.3, 1.5, 1.8])
 
     def tails(d):
@@ -44,14 +53,10 @@ def variant(seed: int) -> tuple[dict, dict]:
         d["tools"][1]["duration_s"]["sigma"] = sigma
     shape = r.choice(["std", "tight", "half", "half", "gpu"])
     if shape == "gpu":
-        g0 = V._yaml(V.ROOT / "resources" / "variants" / "gpu-bound.yaml")
-        return V._with(g0, f"s{seed}-gpu", seed=seed, trajectories=r.choice([48, 64, 96])), c_gpu
-    cluster = {"std": V._yaml(V.BENCH / "cluster-standard.yaml"), "tight": V._yaml(V.BENCH / "cluster-tight.yaml"),
-               "half": c_half}[shape]
+        return V._with(b["gpu-bound.yaml"], f"s{seed}-gpu", seed=seed, trajectories=r.choice([48, 64, 96])), b["gpu"]
     n = r.choice([48, 64, 96]) if shape == "half" else r.choice([64, 96, 128, 160])
-    w0 = V._yaml(V.BENCH / "standard.yaml")
-    return V._with(w0, f"s{seed}-{shape}", seed=seed, hint_sigma=r.choice([0.5, 1.0, 1.5, 2.0]),
-                   steps=r.choice([1, 2]), train_time_s=20, trajectories=n, _=tails), cluster
+    return V._with(b["standard.yaml"], f"s{seed}-{shape}", seed=seed, hint_sigma=r.choice([0.5, 1.0, 1.5, 2.0]),
+                   steps=r.choice([1, 2]), train_time_s=20, trajectories=n, _=tails), b[shape]
 
 
 def measure(seed: int, sets: list[dict[str, float]]) -> tuple[str, list[tuple[float, float, float, float]]]:
