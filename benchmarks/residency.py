@@ -1,6 +1,7 @@
 """Reward-model residency on a real LocalCluster: tangram against fifo, in the same run.
 
     python benchmarks/residency.py [--json] [--actions 60] [--rate 6] [--seed 0] [--policies tangram,fifo]
+                                    [--hint 0.2] [--nvml]
 
 Per policy, a fresh LocalCluster (worker processes) with the tangram scheduler
 plugin and one GPU worker of ``--gpus`` abstract GPUs (``nvml: false``: no GPU
@@ -68,15 +69,27 @@ def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
 
 
 def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_dir: str | None,
-               timeout_s: float) -> dict:
+               timeout_s: float, nvml: bool = False, hint_s: float = 0.2) -> dict:
     declared = {m: ModelSpec(m, REPLICA_GB, 1.0) for m in MODELS}
     plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0)
+    # Abstract GPUs are not this machine's: where it has real ones, distributed's own GPU monitor would read the
+    # abstract ids tangram writes into CUDA_VISIBLE_DEVICES (and fail on every tick where they name no GPU).
     cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": REPLICA_GB}}}
+    env = {"DASK_DISTRIBUTED__DIAGNOSTICS__NVML": "False"}
+    if nvml:  # the first real GPU, its memory capped (gpu-memory-fraction) to hold ``gpus`` replicas
+        from tangram_dask.workers import discover
+        facts, why = discover()
+        if facts is None:
+            raise SystemExit(f"--nvml: no GPU through NVML here: {why}")
+        frac = gpus * REPLICA_GB / (facts.memory_bytes[0] / 1e9)
+        cfg = {"tangram": {"worker": {"nvml": True, "gpu-memory-fraction": frac}}}
+        env = {}
+        gpus = 1
     cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
                            scheduler_kwargs={"plugins": [plugin]})
     cluster.worker_spec["gpu-0"] = {"cls": Nanny, "options": {
-        "name": "gpu-0", "nthreads": gpus, "resources": {"gpus": gpus}, "config": cfg, "memory_limit": 0,
-        "dashboard_address": None}}
+        "name": "gpu-0", "nthreads": gpus, "resources": {"gpus": gpus}, "config": cfg, "env": env,
+        "memory_limit": 0, "dashboard_address": None}}
     cluster.sync(cluster._correct_state)
     with cluster, Client(cluster) as client:
         client.wait_for_workers(1)
@@ -99,7 +112,7 @@ def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_di
             delay = t0 + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            with tangram_dask.action(kind=f"score:{model}", resource="gpu", model=model, hint_s=0.2):
+            with tangram_dask.action(kind=f"score:{model}", resource="gpu", model=model, hint_s=hint_s):
                 f = client.submit(score, model, pure=False)
             submit_t[f.key] = time.monotonic()
             f.add_done_callback(done)
@@ -135,10 +148,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--policies", default="tangram,fifo")
     ap.add_argument("--model-dir", default=None, help="a sentence-transformers model dir (default: MiniLM)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last results")
+    ap.add_argument("--hint", type=float, default=0.2, help="each action's duration hint (s)")
+    ap.add_argument("--nvml", action="store_true", help="the first real GPU (CUDA_VISIBLE_DEVICES=0), its memory "
+                    "capped by tangram.worker.gpu-memory-fraction to hold --gpus replicas, instead of abstract GPUs")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     stream = arrivals(a.actions, a.rate, a.seed)
-    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout) for p in a.policies.split(",")]
+    if a.nvml:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # the workers inherit it: one GPU
+    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint) for p in a.policies.split(",")]
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -148,7 +166,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for r in rows:
             print(f"{r['policy']:8s} " + " ".join(f"{str(r[k]):>11s}" for k in keys))
         print(f"stream: {a.actions} actions at {a.rate}/s, mix {MIX[0]} then {MIX[1]} over {MODELS}; "
-              f"{a.gpus} abstract GPUs of {REPLICA_GB} GB; measured {rows[0]['measured_gb']} GB")
+              + (f"one real GPU (NVML) capped to {a.gpus} x {REPLICA_GB} GB" if a.nvml else
+                 f"{a.gpus} abstract GPUs of {REPLICA_GB} GB") + f"; measured {rows[0]['measured_gb']} GB, "
+              f"load_s {rows[0]['measured_load_s']}")
     return rows
 
 

@@ -180,7 +180,11 @@ class ResidencyReport:
     ``measured_by`` says (``cuda``: CUDA's allocated memory, before and after
     the load; ``params``: the model's parameter bytes, split over its GPUs).
     ``param_bytes`` is the parameter bytes of the whole replica either way.
-    ``free_bytes``: each of the worker's GPUs' free memory after the change."""
+    ``free_bytes``: each of the worker's GPUs' free memory after the change.
+    ``first``: this was the worker process's first load of the model, so
+    ``load_s`` includes what only a first load pays (the framework's import,
+    the process's first CUDA use, a file read from cold storage): an upper
+    bound on what loading it again costs."""
 
     replica: int
     model: str
@@ -192,6 +196,7 @@ class ResidencyReport:
     load_s: float = 0.0
     error: str = ""
     free_bytes: tuple[int, ...] = ()
+    first: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         d = asdict(self)
@@ -204,4 +209,4 @@ class ResidencyReport:
         return cls(int(d["replica"]), str(d["model"]), str(d["state"]), tuple(int(g) for g in d.get("gpus", ())),
                    int(d.get("bytes_per_gpu", 0)), int(d.get("param_bytes", 0)), str(d.get("measured_by", "")),
                    float(d.get("load_s", 0.0)), str(d.get("error", "")),
-                   tuple(int(b) for b in d.get("free_bytes", ())))
+                   tuple(int(b) for b in d.get("free_bytes", ())), bool(d.get("first", False)))

@@ -268,12 +268,17 @@ def declare_facts(resources: dict[str, float], config: Any = None, *, nvml: Any 
         facts, why = discover(visible, nvml=nvml, env=visible is None)
         if facts is not None:
             d = facts.declaration
-            logger.info("tangram: %d GPUs from NVML (devices %s), groups %s, %.1f GB each", d.gpus,
-                        list(d.device_ids), list(d.groups), d.gpu_memory_gb)
+            frac = float(cfg.get("gpu-memory-fraction", 0.9))
+            if not 0 < frac <= 1:
+                raise ConfigError("tangram.worker.gpu-memory-fraction", frac, "must be in (0, 1]")
+            mem = round(d.gpu_memory_gb * frac, 2)
+            logger.info("tangram: %d GPUs from NVML (devices %s), groups %s, %.1f GB each, %.1f GB of it for "
+                        "models (tangram.worker.gpu-memory-fraction = %g)", d.gpus, list(d.device_ids),
+                        list(d.groups), d.gpu_memory_gb, mem, frac)
             if res_gpus and res_gpus != d.gpus:
                 logger.warning("tangram: --resources gpus=%d but NVML finds %d usable GPUs here; the scheduler "
                                "is told %d (give --resources gpus=%d)", res_gpus, d.gpus, d.gpus, d.gpus)
-            return WorkerDeclaration(slots, d.gpus, d.gpu_memory_gb, d.groups, api, "nvml", d.device_ids,
+            return WorkerDeclaration(slots, d.gpus, mem, d.groups, api, "nvml", d.device_ids,
                                      d.device_uuids), facts
     else:
         why = "tangram.worker.nvml is false"

@@ -101,6 +101,24 @@ def test_evict_request_on_a_busy_replica_times_out_clearly(files):
     res.close()
 
 
+def test_only_a_models_first_load_in_the_process_is_marked_first(files):
+    """A first load pays one-time costs (imports, the first CUDA use): the report says which load that was."""
+    reports = []
+    res = ledger(files, [1_000_000, 1_000_000], reports=reports)
+    res.prepare("a", 0, "mid", (0,))
+    res.get("a", timeout=10)
+    res.prepare("b", 1, "small", (1,))
+    res.get("b", timeout=10)
+    res.unpin("a")
+    assert res.evict(0)
+    res.prepare("c", 2, "mid", (1,))  # the same model again, on another GPU
+    res.get("c", timeout=10)
+    resident = [(r.model, r.first) for r in reports if r.state == "resident"]
+    assert resident == [("mid", True), ("small", True), ("mid", False)]
+    assert res.snapshot()["replicas"][2]["first"] is False
+    res.close()
+
+
 def test_a_load_that_would_overcommit_fails_and_holds_nothing(files):
     res = ledger(files, [500_000])
     res.prepare("a", 0, "big", (0,))  # 384 KB

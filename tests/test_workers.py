@@ -144,6 +144,20 @@ def test_declare_takes_nvml_facts_and_warns_on_a_resources_mismatch(caplog):
     assert "--resources gpus=4 but NVML finds 2" in caplog.text
 
 
+@pytest.mark.parametrize("cfg, gb", [({}, 72.0), ({"gpu-memory-fraction": 0.5}, 40.0),
+                                     ({"gpu-memory-fraction": 1}, 80.0)])
+def test_models_may_hold_a_fraction_of_an_nvml_gpus_memory(cfg, gb):
+    """The rest is the process's: the CUDA context, cuBLAS's workspace (33 MiB on an H200), activations."""
+    d, f = declare_facts({}, {"nvml": True, **cfg}, nvml=four(), visible="0")
+    assert d.gpu_memory_gb == gb and f.memory_bytes == (80 * GB,)
+
+
+@pytest.mark.parametrize("frac", [0, 1.5, -0.1])
+def test_a_gpu_memory_fraction_outside_0_1_is_a_clear_error(frac):
+    with pytest.raises(ConfigError, match="tangram.worker.gpu-memory-fraction"):
+        declare_facts({}, {"nvml": True, "gpu-memory-fraction": frac}, nvml=four(), visible="0")
+
+
 # -- without NVML (the issue's cases) --------------------------------------------------------
 def test_resources_gpus_without_nvml_declares_them():
     d = declare({"gpus": 2}, {"nvml": False, "gpus": 0, "gpu-memory-gb": 40})

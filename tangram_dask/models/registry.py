@@ -143,7 +143,7 @@ class RewardModel:
         r = self._replica()
         return {"replica": r.rid, "model": r.model, "gpus": r.gpus, "devices": r.devices,
                 "bytes_per_gpu": r.bytes_per_gpu, "param_bytes": r.param_bytes, "measured_by": r.measured_by,
-                "load_s": r.load_s}
+                "load_s": r.load_s, "first": r.first}
 
     def _replica(self) -> Any:
         res = self._residency

@@ -138,6 +138,7 @@ class Replica:
     param_bytes: int = 0
     measured_by: str = ""
     load_s: float = 0.0
+    first: bool = False  # the process's first load of this model (its load_s includes one-time costs)
     error: BaseException | None = None
     pins: set = field(default_factory=set)
     ready: threading.Event = field(default_factory=threading.Event)
@@ -179,6 +180,7 @@ class Residency:
         self._pool = ThreadPoolExecutor(load_threads, thread_name_prefix="tangram-load")
         self._closed = False
         self._placeholders = 0  # negative ids of refused grants (they hold nothing)
+        self._loaded: set[str] = set()  # models this process has loaded at least once
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     # -- the action's side ---------------------------------------------------------
@@ -285,7 +287,7 @@ class Residency:
                     "replicas": {rid: {"model": r.model, "gpus": list(r.gpus), "state": r.state,
                                        "pins": len(r.pins), "bytes_per_gpu": r.bytes_per_gpu,
                                        "param_bytes": r.param_bytes, "measured_by": r.measured_by,
-                                       "load_s": r.load_s}
+                                       "load_s": r.load_s, "first": r.first}
                                  for rid, r in self.replicas.items() if rid >= 0},
                     "loads": self.stats.loads, "evictions": self.stats.evictions,
                     "failures": self.stats.failures, "peak_used": list(self.stats.peak_used)}
@@ -377,6 +379,8 @@ class Residency:
                     scorer = None
                     raise
                 r.bytes_per_gpu, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
+                r.first = r.model not in self._loaded
+                self._loaded.add(r.model)
                 r.scorer, r.state = scorer, RESIDENT
                 self.stats.loads += 1
                 self._cond.notify_all()
@@ -404,6 +408,6 @@ class Residency:
             free = tuple(c - u for c, u in zip(self.capacity, self.used))
         try:
             self.report(ResidencyReport(r.rid, r.model, state, r.gpus, r.bytes_per_gpu, r.param_bytes,
-                                        r.measured_by, r.load_s, error, free))
+                                        r.measured_by, r.load_s, error, free, r.first))
         except Exception:  # reporting must never break residency
             logger.exception("tangram: could not report replica %d %s", r.rid, state)
