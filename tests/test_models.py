@@ -223,3 +223,14 @@ def test_a_model_registered_only_at_run_time_is_placed_and_scores(env):
         score, info = client.submit(judge, "rm-runtime", "y z", "y z", pure=False).result(timeout=60)
     assert score == pytest.approx(1.0, abs=1e-5) and info["model"] == "rm-runtime"
     assert plugin.policy.models["rm-runtime"].gpu_memory_gb == pytest.approx(info["param_bytes"] / 1e9)
+
+
+def test_the_model_device_benchmark_measures_minilm_through_the_ledger():
+    """benchmarks/model_device.py on the CPU (the GPU machine's run is in docs/models.md)."""
+    from benchmarks.model_device import measure
+    row = measure("cpu", minilm_path(), reloads=1, calls=1)
+    assert row["device"] == "cpu" and row["measured_by"] == "params"
+    assert row["mb"] == row["param_mb"] == pytest.approx(_safetensors_bytes(minilm_path() + "/model.safetensors")
+                                                         / 1e6, abs=0.01)
+    assert row["load_s"] is not None and row["score_64_ms"] > 0 and row["pairs_per_s"] > 0
+    assert row["scores"][0] > row["scores"][1]  # the paraphrase scores above the unrelated answer
