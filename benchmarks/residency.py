@@ -69,12 +69,12 @@ def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
 
 
 def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_dir: str | None,
-               timeout_s: float, nvml: bool = False, hint_s: float = 0.2) -> dict:
+               timeout_s: float, nvml: bool = False, hint_s: float = 0.2, per_gpu: int = 1) -> dict:
     declared = {m: ModelSpec(m, REPLICA_GB, 1.0) for m in MODELS}
     plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0)
     # Abstract GPUs are not this machine's: where it has real ones, distributed's own GPU monitor would read the
     # abstract ids tangram writes into CUDA_VISIBLE_DEVICES (and fail on every tick where they name no GPU).
-    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": REPLICA_GB}}}
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": per_gpu * REPLICA_GB}}}
     env = {"DASK_DISTRIBUTED__DIAGNOSTICS__NVML": "False"}
     if nvml:  # the first real GPU, its memory capped (gpu-memory-fraction) to hold ``gpus`` replicas
         from tangram_dask.workers import discover
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--policies", default="tangram,fifo")
     ap.add_argument("--model-dir", default=None, help="a sentence-transformers model dir (default: MiniLM)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last results")
+    ap.add_argument("--per-gpu", type=int, default=1, help="abstract GPUs: replicas each GPU's memory holds")
     ap.add_argument("--hint", type=float, default=0.2, help="each action's duration hint (s)")
     ap.add_argument("--nvml", action="store_true", help="the first real GPU (CUDA_VISIBLE_DEVICES=0), its memory "
                     "capped by tangram.worker.gpu-memory-fraction to hold --gpus replicas, instead of abstract GPUs")
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     stream = arrivals(a.actions, a.rate, a.seed)
     if a.nvml:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # the workers inherit it: one GPU
-    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint) for p in a.policies.split(",")]
+    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint, a.per_gpu)
+            for p in a.policies.split(",")]
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -167,8 +169,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"{r['policy']:8s} " + " ".join(f"{str(r[k]):>11s}" for k in keys))
         print(f"stream: {a.actions} actions at {a.rate}/s, mix {MIX[0]} then {MIX[1]} over {MODELS}; "
               + (f"one real GPU (NVML) capped to {a.gpus} x {REPLICA_GB} GB" if a.nvml else
-                 f"{a.gpus} abstract GPUs of {REPLICA_GB} GB") + f"; measured {rows[0]['measured_gb']} GB, "
-              f"load_s {rows[0]['measured_load_s']}")
+                 f"{a.gpus} abstract GPUs of {a.per_gpu * REPLICA_GB:g} GB")
+              + f"; measured {rows[0]['measured_gb']} GB, load_s {rows[0]['measured_load_s']}")
     return rows
 
 

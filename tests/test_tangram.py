@@ -397,6 +397,24 @@ def test_an_action_takes_the_largest_ready_replica_within_units_max():
     assert starts[0].gpus == (1, 2) and starts[1].gpus == (0,)
 
 
+@pytest.mark.parametrize("merge, first", [(1.0, 1), (0.0, 2)])
+def test_a_freed_gpu_goes_to_the_head_with_the_smallest_key_whatever_its_model(merge, first):
+    """One GPU holds both models. prm (seen first) serves; a judge call arrives at t = 1, two prm calls
+    at t = 2 (all 1 s hints). When the GPU frees, the judge's key (1 + 1) beats the prm calls' (2 + 1):
+    it goes first (gpu_merge). Draining each model's queue whole, in the order the models were first
+    seen, gave the GPU to prm's later call."""
+    pol = _gpu_case((1,), {"prm": (30.0, 30.0), "judge": (16.0, 25.0)}, [("prm", (0,)), ("judge", (0,))],
+                    TangramOptions(gpu_merge=merge))
+    pol.submit(0, _gpu_action("prm", 0), 0.0)
+    assert [d.action for d in pol.schedule(0.0)] == [0]
+    pol.submit(1, _gpu_action("judge", 1), 1.0)
+    pol.submit(2, _gpu_action("prm", 2), 2.0)
+    pol.submit(3, _gpu_action("prm", 3), 2.0)
+    assert pol.schedule(2.0) == []  # the GPU is serving
+    pol.finish(0, 2.5, 1.0)
+    assert [(d.action, _is_load(d)) for d in pol.schedule(2.5)] == [(first, False)]
+
+
 def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
     """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
     wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s

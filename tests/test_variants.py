@@ -172,3 +172,15 @@ def test_the_sweep_draws_the_same_variant_from_a_seed_and_measures_every_option_
     (act0, step0, _, ideal0), (act1, step1, _, ideal1) = rows
     assert step0 > 1.5 and step1 < 0.5 * step0  # step/static, without the home waiter's reservation and with it
     assert ideal0 >= 1.0 and ideal1 >= 1.0
+
+
+def test_one_gpu_shared_by_three_models_gpu_merge_brings_tangram_to_fifos_act():
+    """benchmarks/onegpu.py, 5 seeds x 2 mixes (deterministic): draining the models' queues as one
+    (gpu_merge) takes tangram's mean ACT from over fifo's to under it, and its worst case down."""
+    import numpy as np
+
+    from benchmarks.onegpu import measure
+    ratio = {m: np.array([r["tangram_act"] / r["fifo_act"] for r in measure(5, {"gpu_merge": m})])
+             for m in (0.0, 1.0)}
+    assert ratio[0.0].mean() > 1.0 > ratio[1.0].mean()
+    assert ratio[1.0].max() < ratio[0.0].max()

@@ -118,6 +118,8 @@ class TangramOptions:
                                   # wanted it stays queued and takes whichever replica is ready first
     home_reserve: float = 1.0   # 1: a stateful action that waited at home is sized, and reserves as an elephant,
                                 # as any other CPU start (0: sized by the price only, on what its home has free)
+    gpu_merge: float = 1.0      # 1: models' queues take free GPUs by their heads' keys, one action at a time (0: each
+                                # model's queue drained whole, in the order models were first seen)
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
                                 # GPUs, on a site that evicts nothing with demand and blocks no busy model
@@ -504,14 +506,19 @@ class TangramPolicy(Policy):
         if self.admission_queue:
             self._admit(now, out)
         dirty, self.dirty = self.dirty, {}
+        gpu = []
         for name in dirty:
             pool = self.pools[name]
             if name == "cpu":
                 self._drain_cpu(pool, now, out)
             elif name == "api":
                 self._drain_api(pool, now, out)
+            elif self.opt.gpu_merge:
+                gpu.append(pool)
             else:
                 self._drain_gpu(pool, now, out)
+        if gpu:
+            self._drain_gpus(gpu, now, out)
         if self.opt.load_ahead and self.opt.background_load and self.gpu.idle:
             self._plan_ahead(now, out)
 
@@ -1103,48 +1110,77 @@ class TangramPolicy(Policy):
         return k
 
     # -- GPUs -------------------------------------------------------------------
-    def _drain_gpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
+    def _drain_gpus(self, pools: list[Pool], now: float, out: list[Decision]) -> None:
+        """``gpu_merge``: the models' queues as one: the head with the smallest key (aging x issue time +
+        expected work, as inside each queue) goes next, whatever its model, until no head can go.
+        Draining each queue whole in turn gave free GPUs to the model seen first (on the GPU-bound
+        workloads, the process reward model, a tool) ahead of rewards that had waited longer."""
+        if len(pools) == 1:
+            self._drain_gpu(pools[0], now, out)
+            return
+        live = pools
+        while live:
+            best, best_key = None, None
+            for pool in live:
+                h = pool.head()
+                if h is not None and (best is None or h[1][0] < best_key):
+                    best, best_key = pool, h[1][0]
+            if best is None:
+                for pool in live:
+                    pool.blocked = None
+                return
+            if not self._drain_gpu(best, now, out, once=True):
+                live = [p for p in live if p is not best]
+
+    def _drain_gpu(self, pool: Pool, now: float, out: list[Decision], once: bool = False) -> bool:
+        """Start (or load for) the head of ``pool`` while it can go; ``once``: one step, True if it went."""
         gp, model = self.gpu, pool.name
         while True:
             head = pool.head()
             if head is None:
                 pool.blocked = None
-                return
+                return False
             aid, p = head
             spec = p.spec
             if not gp.idle:
                 pool.blocked = ("every GPU is serving", spec, 0)
-                return
+                return False
             rid = self._ready_replica(model, spec)
             if rid is not None:
                 pool.pop(aid)
                 self._guarded(aid, p, self._start_replica, pool, rid, now, out)
+                if once:
+                    return True
                 continue
             if not self._should_load(pool, now):
                 pool.blocked = ("waiting for a replica of {model} (a new one is not worth its load yet)", spec,
                                 gp.idle)
-                return
+                return False
             bg = self.opt.background_load
             loading = gp.loading_of(model) if bg else 0  # replicas of it in a background load
             if bg and loading >= len(pool.waiting):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
-                return  # a load is under way for every action that waits
+                return False  # a load is under way for every action that waits
             self._now = now
             site = self._load_site(model, spec)
             if site is None:
                 pool.blocked = ("no topology group can take a replica of {model} now", spec, gp.idle)
-                return
+                return False
             if (bg and self.opt.load_one and self.opt.residency and site[2] and loading
                     and (self.opt.load_one > 1 or self._gpu_lean())):
                 # one load that evicts per model at a time: two rewards arriving together are not
                 # demand for two replicas (on gpux-107 a second vision-judge load evicted the 140 GB judge)
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
-                return
+                return False
             if bg:
                 self._begin_load(model, site, now, out)
+                if once:
+                    return True
                 continue
             pool.pop(aid)
             self._guarded(aid, p, self._load_and_start, pool, site, now, out)
+            if once:
+                return True
 
     def _shortfall(self, pool: Pool) -> Shortfall | None:
         """Why the head of ``pool`` waits, as a Shortfall (from what the last drain pass noted)."""
