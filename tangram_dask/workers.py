@@ -310,6 +310,33 @@ def declare_facts(resources: dict[str, float], config: Any = None, *, nvml: Any 
     return WorkerDeclaration(slots, want_gpus, mem, groups, api, source), None
 
 
+def abstract_gpus_warning(decl: WorkerDeclaration, count: Callable[[], int] | None = None) -> str | None:
+    """Why GPUs declared by config or resources may misbehave on this machine, or None.
+
+    The plugin writes a GPU action's ids into the worker process's ``CUDA_VISIBLE_DEVICES``.
+    Where NVML sees fewer GPUs than the declared ids reach, those ids name no device, and
+    distributed's own GPU monitor, which reads that variable on every tick, fails each time
+    (``NVMLError_InvalidArgument``: seen with 2 GPUs declared on a 1-GPU H200 machine).
+    ``count``: NVML's device count as distributed's monitor sees it (0 where it is off).
+    """
+    if not decl.gpus or decl.source == "nvml":
+        return None
+    if count is None:
+        from distributed.diagnostics import nvml as dnvml
+        count = dnvml.device_get_count
+    try:
+        n = int(count())
+    except Exception:  # no NVML: nothing reads the ids but the action's own programs
+        return None
+    ids = decl.device_ids or tuple(range(decl.gpus))
+    if n <= 0 or max(ids) < n:
+        return None
+    return (f"tangram: {decl.gpus} GPUs declared by {decl.source} (ids {list(ids)}), but NVML sees {n} here: "
+            f"an action granted GPU {n} or above gets a CUDA_VISIBLE_DEVICES that names no device, and "
+            f"distributed's GPU monitor, which reads it, fails on every tick. Let NVML declare the GPUs "
+            f"(tangram.worker.nvml: true), or turn the monitor off (distributed.diagnostics.nvml: false)")
+
+
 def declare(resources: dict[str, float], config: Any = None, **kw: Any) -> WorkerDeclaration:
     """What this worker offers, from its Dask resources, NVML and the ``tangram.worker`` config."""
     return declare_facts(resources, config, **kw)[0]
@@ -345,6 +372,9 @@ class TangramWorkerPlugin(WorkerPlugin):
             if order != "PCI_BUS_ID":
                 logger.warning("tangram: CUDA_DEVICE_ORDER=%s: grants name NVML (PCI bus) indices, so CUDA may "
                                "number these GPUs differently in subprocesses (unset it, or set PCI_BUS_ID)", order)
+        why = abstract_gpus_warning(decl)
+        if why:
+            logger.warning("%s", why)
         if decl.gpus:
             from .models.worker import WorkerResidency  # the models package loads torch only on demand
             self.residency = WorkerResidency(worker, decl, facts)

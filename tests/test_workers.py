@@ -190,3 +190,20 @@ def test_nvml_absent_falls_back_to_config_saying_why(caplog):
         d = declare({}, {"nvml": True, "gpus": 2, "gpu-memory-gb": 24}, nvml=NoNvml())
     assert (d.gpus, d.source) == (2, "config")
     assert "NVML is not available (RuntimeError)" in caplog.text and "declared from config" in caplog.text
+
+
+@pytest.mark.parametrize("count, declared, warns", [
+    (lambda: 1, 2, True),    # the H200 machine: 2 abstract GPUs, 1 real one
+    (lambda: 4, 2, False),   # the ids are real devices
+    (lambda: 0, 2, False),   # NVML (or distributed's monitor) off: nothing reads them but the action
+    (lambda: 1 / 0, 2, False),
+])
+def test_abstract_gpus_beyond_what_nvml_sees_are_named_in_a_warning(count, declared, warns):
+    from tangram_dask.workers import abstract_gpus_warning
+    d = declare({}, {"nvml": False, "gpus": declared, "gpu-memory-gb": 1})
+    why = abstract_gpus_warning(d, count)
+    assert (why is not None) == warns
+    if warns:
+        assert "2 GPUs declared by config" in why and "NVML sees 1" in why and "distributed.diagnostics.nvml" in why
+    nvml_found = declare_facts({}, {"nvml": True}, nvml=four(), visible="0")[0]
+    assert abstract_gpus_warning(nvml_found, lambda: 1) is None  # NVML's own ids always exist
