@@ -415,6 +415,37 @@ def test_a_freed_gpu_goes_to_the_head_with_the_smallest_key_whatever_its_model(m
     assert [(d.action, _is_load(d)) for d in pol.schedule(2.5)] == [(first, False)]
 
 
+@pytest.mark.parametrize("claim", [1.0, 0.0])
+def test_a_stream_of_one_gpu_calls_does_not_starve_a_two_gpu_reward(claim):
+    """GPUs 0-1 hold the judge's 2-GPU replica and a 1-GPU prm replica each. prm calls (1 s) overlap so
+    that one GPU is always busy. Once the judge's key is the smallest, it claims both GPUs (gpu_claim):
+    a prm call that would end after they free waits, and the judge starts when the running one ends.
+    Without the claim each freed GPU went to the next prm call, and the judge never started."""
+    pol = _gpu_case((2,), {"prm": (30.0, 30.0), "judge": (60.0, 60.0)},
+                    [("judge", (0, 1)), ("prm", (0,)), ("prm", (1,))], TangramOptions(gpu_claim=claim))
+    pol.submit(0, _gpu_action("prm", 0), 0.0)
+    assert [d.action for d in pol.schedule(0.0)] == [0]
+    pol.submit(1, _gpu_action("prm", 1), 0.5)
+    assert [d.action for d in pol.schedule(0.5)] == [1]
+    pol.submit(100, _gpu_action("judge", 100, units=(2, 2)), 0.6)
+    assert pol.schedule(0.6) == []
+    started, t, nxt = {}, 1.0, 2
+    for _ in range(6):  # every 0.5 s the older prm call ends and a new one arrives
+        pol.finish(nxt - 2, t, 1.0)
+        pol.submit(nxt, _gpu_action("prm", nxt), t)
+        for d in pol.schedule(t):
+            started[d.action] = t
+        nxt += 1
+        t += 0.5
+        if 100 in started:
+            break
+    if claim:
+        assert started.get(100) == 1.5  # as soon as the prm call running at t = 1.0 ended
+        assert 2 not in started or started[2] >= started[100]
+    else:
+        assert 100 not in started
+
+
 def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
     """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
     wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s

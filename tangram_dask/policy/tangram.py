@@ -120,6 +120,8 @@ class TangramOptions:
                                 # as any other CPU start (0: sized by the price only, on what its home has free)
     gpu_merge: float = 1.0      # 1: models' queues take free GPUs by their heads' keys, one action at a time (0: each
                                 # model's queue drained whole, in the order models were first seen)
+    gpu_claim: float = 1.0      # 1 (with gpu_merge): a head that waits for the GPUs of a replica of its model claims
+                                # them; a later head starts there only if it is expected to end before they all free
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
                                 # GPUs, on a site that evicts nothing with demand and blocks no busy model
@@ -298,6 +300,8 @@ class TangramPolicy(Policy):
         self.traj_n = 0
         self.traj_sum = 0.0
         self._now = 0.0
+        self._claims: dict[tuple[str, int], float] | None = None  # gpu_claim, during one _drain_gpus pass
+        self._free_at: dict[tuple[str, int], float] | None = None
         self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
         self._limit_dirty = True
         self._m_t, self._m_occ, self._m_act, self._m_w, self._lim_other = 0.0, 0.0, 0.0, 0.0, math.inf
@@ -1118,6 +1122,14 @@ class TangramPolicy(Policy):
         if len(pools) == 1:
             self._drain_gpu(pools[0], now, out)
             return
+        self._claims = {}
+        self._free_at = None
+        try:
+            self._merge_gpus(pools, now, out)
+        finally:
+            self._claims = None
+
+    def _merge_gpus(self, pools: list[Pool], now: float, out: list[Decision]) -> None:
         live = pools
         while live:
             best, best_key = None, None
@@ -1131,6 +1143,58 @@ class TangramPolicy(Policy):
                 return
             if not self._drain_gpu(best, now, out, once=True):
                 live = [p for p in live if p is not best]
+                if self.opt.gpu_claim and self.gpu.idle:
+                    self._claim(best, now)
+
+    def _claim(self, pool: Pool, now: float) -> None:
+        """``gpu_claim``: the head of ``pool`` could not go; claim the GPUs of the replica of its model
+        that is expected to be free first (every GPU of it idle), so that heads with larger keys do not
+        take them one at a time. Without it a 2-GPU reward's replica, beside 1-GPU replicas of a tool
+        model called on most turns, waited while each of its GPUs was taken as it freed (the head
+        "keeps its claim on the next free units" held inside one model's queue only)."""
+        h = pool.head()
+        if h is None:
+            return
+        spec = h[1].spec
+        gp = self.gpu
+        free_at = self._free_at
+        if free_at is None:  # when each busy GPU is expected to free: its running action's expected end
+            free_at = self._free_at = {}
+            for r in self.running.values():
+                if r.replica is not None and r.replica in gp.replicas:
+                    rep = gp.replicas[r.replica]
+                    for i in rep.gpus:
+                        free_at[(rep.node, i)] = r.est_end
+        best, best_t = None, math.inf
+        for rid in gp.by_model.get(pool.name, ()):
+            r = gp.replicas[rid]
+            if r.loading or len(r.gpus) < spec.units_min:
+                continue
+            st = gp.nodes[r.node]
+            t = now
+            for i in r.gpus:
+                if st.gpus[i].busy:
+                    t = max(t, free_at.get((r.node, i), math.inf))  # held by a load: unknown
+            if t < best_t:
+                best, best_t = r, t
+        if best is None:
+            return
+        claims = self._claims
+        for i in best.gpus:
+            key = (best.node, i)
+            if best_t < claims.get(key, math.inf):
+                claims[key] = best_t
+
+    def _claimed(self, node: str, gpus: tuple[int, ...], end: float) -> bool:
+        """A start ending at ``end`` on ``gpus`` would delay a claim (``gpu_claim``)."""
+        claims = self._claims
+        if not claims:
+            return False
+        for i in gpus:
+            t = claims.get((node, i))
+            if t is not None and end > t:
+                return True
+        return False
 
     def _drain_gpu(self, pool: Pool, now: float, out: list[Decision], once: bool = False) -> bool:
         """Start (or load for) the head of ``pool`` while it can go; ``once``: one step, True if it went."""
@@ -1145,7 +1209,7 @@ class TangramPolicy(Policy):
             if not gp.idle:
                 pool.blocked = ("every GPU is serving", spec, 0)
                 return False
-            rid = self._ready_replica(model, spec)
+            rid = self._ready_replica(model, spec, now + p.est if self._claims else None)
             if rid is not None:
                 pool.pop(aid)
                 self._guarded(aid, p, self._start_replica, pool, rid, now, out)
@@ -1277,7 +1341,7 @@ class TangramPolicy(Policy):
                 continue
             self._begin_load(model, site, now, out)
 
-    def _ready_replica(self, model: str, spec: ActionSpec) -> ReplicaId | None:
+    def _ready_replica(self, model: str, spec: ActionSpec, end: float | None = None) -> ReplicaId | None:
         """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
         replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
         extra GPUs would do nothing). O(ready replicas of the model)."""
@@ -1286,6 +1350,8 @@ class TangramPolicy(Policy):
         for rid in gp.ready.get(model, ()):
             k = len(gp.replicas[rid].gpus)
             if k < spec.units_min:
+                continue
+            if end is not None and self._claimed(gp.replicas[rid].node, gp.replicas[rid].gpus, end):
                 continue
             key = k if k <= spec.units_max else -k
             if best is None or key > best_k:
@@ -1355,6 +1421,11 @@ class TangramPolicy(Policy):
             for g, size in enumerate(st.spec.groups):
                 if st.idle_in_group[g] >= k:
                     idle = [i for i in range(start, start + size) if not st.gpus[i].busy]
+                    if self._claims:  # a load holds its GPUs long: never on a claimed one
+                        idle = [i for i in idle if (name, i) not in self._claims]
+                        if len(idle) < k:
+                            start += size
+                            continue
                     idle.sort(key=lambda i: -st.gpus[i].mem_free)
                     gpus = tuple(sorted(idle[:k]))
                     cands = {rid for i in gpus for rid in st.gpus[i].replicas}
