@@ -149,6 +149,11 @@ def test_workers_export_their_sandbox_pools(env):
         port = w["services"]["dashboard"]
         host = addr.split("://")[1].rsplit(":", 1)[0]
         fams = families(get(f"http://{host}:{port}/metrics").decode())
+        deadline = time.monotonic() + 30
+        while fams["dask_tangram_sandbox_starts"].samples[0].value < 1:  # the pool warms up after setup returns
+            assert time.monotonic() < deadline, "no sandbox start counted in 30 s"
+            time.sleep(0.2)
+            fams = families(get(f"http://{host}:{port}/metrics").decode())
         for name, kind in WORKER_FAMILIES.items():
             f = fams.get(f"dask_tangram_{name}")
             assert f is not None and f.type == kind, (addr, name)
