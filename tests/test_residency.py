@@ -300,3 +300,18 @@ def test_a_load_waits_a_while_for_room_being_made(files):
     assert res.evict(0)
     assert res.get("b", timeout=10) is not None and res.used == [files["mid"][1]]
     res.close()
+
+
+def test_a_model_loaded_again_after_forget_loads_is_a_first_again(files):
+    """A model registered again with another loader (WorkerResidency.add): its next load pays first costs."""
+    reports = []
+    res = ledger(files, [1_000_000], reports=reports)
+    for key, rid in (("a", 0), ("b", 1)):
+        res.prepare(key, rid, "mid", (0,))
+        res.get(key, timeout=10)
+        res.unpin(key)
+        assert res.evict(rid)
+        if key == "a":
+            res.forget_loads("mid")
+    assert [r.first for r in reports if r.state == "resident"] == [True, True]
+    res.close()

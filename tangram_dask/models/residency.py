@@ -183,6 +183,11 @@ class Residency:
         self._loaded: set[str] = set()  # models this process has loaded at least once
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
+    def forget_loads(self, model: str) -> None:
+        """The model's next load counts as its first in this process (it was registered with a new loader)."""
+        with self._cond:
+            self._loaded.discard(model)
+
     # -- the action's side ---------------------------------------------------------
     def prepare(self, key: Hashable, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> None:
         """An action holding replica ``rid`` arrived: pin it, and load it (after ``evict``) if it is not here."""

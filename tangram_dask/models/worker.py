@@ -102,6 +102,7 @@ class WorkerResidency:
         self.registrations[reg.name] = reg
         if old is None or old.loader != reg.loader:
             self._loaders.pop(reg.name, None)
+            self.residency.forget_loads(reg.name)  # a new loader's first load is a first again
 
     def _handle_model(self, registration: dict) -> dict:
         self.add(ModelRegistration.from_msg(registration))
