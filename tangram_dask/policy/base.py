@@ -298,6 +298,7 @@ class Policy:
                    load: bool = False, evict: tuple[ReplicaId, ...] = ()) -> Start:
         self.gpu.acquire(rid, now)
         rep = self.gpu.replicas[rid]
+        rep.busy_until = now + est_s
         self.running[aid] = Running(spec, rep.node, len(rep.gpus), rid, now, now + est_s)
         return Start(aid, rep.node, len(rep.gpus), rep.gpus, rid, load, evict, cross_group=rep.cross_group)
 

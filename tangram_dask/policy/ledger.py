@@ -14,6 +14,7 @@ Every ``take`` is checked (no over-allocation ever); ``give`` undoes it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..cluster import CpuNode, GpuNode
@@ -192,6 +193,7 @@ class Replica:
     last_used: float = 0.0
     cross_group: bool = False
     loading: bool = False  # a background load (``Load``): busy, its GPUs held, until ``loaded``
+    busy_until: float = math.inf  # while it serves an action: that action's expected end (set by the policy)
 
 
 @dataclass(slots=True)

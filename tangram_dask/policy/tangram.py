@@ -301,7 +301,6 @@ class TangramPolicy(Policy):
         self.traj_sum = 0.0
         self._now = 0.0
         self._claims: dict[tuple[str, int], float] | None = None  # gpu_claim, during one _drain_gpus pass
-        self._free_at: dict[tuple[str, int], float] | None = None
         self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
         self._limit_dirty = True
         self._m_t, self._m_occ, self._m_act, self._m_w, self._lim_other = 0.0, 0.0, 0.0, 0.0, math.inf
@@ -1123,7 +1122,6 @@ class TangramPolicy(Policy):
             self._drain_gpu(pools[0], now, out)
             return
         self._claims = {}
-        self._free_at = None
         try:
             self._merge_gpus(pools, now, out)
         finally:
@@ -1157,14 +1155,6 @@ class TangramPolicy(Policy):
             return
         spec = h[1].spec
         gp = self.gpu
-        free_at = self._free_at
-        if free_at is None:  # when each busy GPU is expected to free: its running action's expected end
-            free_at = self._free_at = {}
-            for r in self.running.values():
-                if r.replica is not None and r.replica in gp.replicas:
-                    rep = gp.replicas[r.replica]
-                    for i in rep.gpus:
-                        free_at[(rep.node, i)] = r.est_end
         best, best_t = None, math.inf
         for rid in gp.by_model.get(pool.name, ()):
             r = gp.replicas[rid]
@@ -1173,8 +1163,11 @@ class TangramPolicy(Policy):
             st = gp.nodes[r.node]
             t = now
             for i in r.gpus:
-                if st.gpus[i].busy:
-                    t = max(t, free_at.get((r.node, i), math.inf))  # held by a load: unknown
+                if st.gpus[i].busy:  # when it frees: the expected end of what its busy replica serves
+                    for o in st.gpus[i].replicas:
+                        ro = gp.replicas[o]
+                        if ro.busy:
+                            t = max(t, math.inf if ro.loading else ro.busy_until)  # a load's end: unknown
             if t < best_t:
                 best, best_t = r, t
         if best is None:
