@@ -237,6 +237,13 @@ workloads it was not tuned on (its docstring and
 no parity search. Per family, min/mean/max over its variants of each ratio,
 then each variant's figures.
 
+Each variant is one seed, and one load or admission can decide it: a count
+of wins here moves by chance. `python benchmarks/reseed.py --k 6 -j 2`
+draws every variant again on 6 other seeds (same shape) and prints, per
+family, how many draws tangram wins on ACT and step together, with the
+ratios' means and maxima (figures in [docs/scheduling.md](scheduling.md),
+"Measured").
+
 {families}
 
 ## Checking this file

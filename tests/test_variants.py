@@ -184,3 +184,24 @@ def test_one_gpu_shared_by_three_models_gpu_merge_brings_tangram_to_fifos_act():
              for m in (0.0, 1.0)}
     assert ratio[0.0].mean() > 1.0 > ratio[1.0].mean()
     assert ratio[1.0].max() < ratio[0.0].max()
+
+
+def test_reseed_draws_each_variant_again_on_other_seeds_and_measures_every_option_set_on_the_same_draw():
+    """benchmarks/reseed.py: each variant keeps its shape and is drawn again on k seeds none of the families
+    uses (1000 + 17 i + its own), the same draws every run; each option set is measured on the same draw."""
+    import sys
+
+    sys.path.insert(0, str(BENCH.parents[1]))
+    from benchmarks.reseed import draws, measure, summary
+
+    ds = draws(["live"], 2)
+    assert ds == draws(["live"], 2) and len(ds) == 16
+    assert [w["seed"] for _, w, _ in ds[:2]] == [1011, 1028] and ds[0][1]["name"] == "live-seed11@1011"
+    assert ds[0][1]["trajectories"] == ds[1][1]["trajectories"] and ds[0][2] == ds[1][2]  # one shape
+    fam, name, rows = measure(ds[0], [{}, {"gpu_merge": 0.0}, {}])
+    assert (fam, name, len(rows)) == ("live", "live-seed11@1011", 3)
+    assert rows[0] == rows[2]  # deterministic: the same set on the same draw measures the same
+    for act, step, ideal, loads, fifo_loads in rows:
+        assert act > 0 and step > 0 and ideal >= 1.0 and loads >= 0 and fifo_loads >= 0
+    m = summary(rows)
+    assert m["n"] == 3 and 0 <= m["both"] <= 3 and m["act_max"] >= m["act_mean"]

@@ -1,0 +1,109 @@
+"""The families of benchmarks/variants.py on other seeds: how often each claim holds, per family.
+
+Each variant of benchmarks/variants.py is one seed, and on the GPU-bound shapes one load decision
+cascades: a rule that moves one load wins or loses a variant by chance (session 10: a change that
+lost ``gpu-small-b``'s step at seed 43 won it on 15 of 16 other seeds). Here every variant keeps its
+shape (workload, cluster, options of the shape) and is drawn again with ``k`` other seeds
+(``1000 + 17 i + its own seed``, i < k), static and fifo measured once per draw, each option set on
+the same draws. Prints, per family and set: draws with ACT and step both under static's, model
+loads at most fifo's, the mean and max of ACT/static and step/static, ACT/ideal's mean and max and
+how many draws are over 1.5x ideal (the GPU-bound target).
+
+    python benchmarks/reseed.py [--family all] [--k 3] [-j 2] [--set k=v,k=v ...] [--losers]
+
+``--set ""`` is the defaults; several ``--set`` compare option sets on the same draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import benchmarks.variants as V  # noqa: E402
+from tangram_dask.bench import simulate  # noqa: E402
+from tangram_dask.cluster import parse_cluster  # noqa: E402
+from tangram_dask.policy import TangramOptions  # noqa: E402
+from tangram_dask.workload import generate, parse_workload  # noqa: E402
+
+FAMILIES = tuple(f for f in V.FAMILIES)
+
+
+def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
+    """``(family, workload, cluster)`` for each variant of ``families`` on ``k`` seeds other than its own."""
+    out = []
+    for fam in families:
+        for wd, cd in V.family(fam, False):
+            for i in range(k):
+                w = copy.deepcopy(wd)
+                w["seed"] = 1000 + 17 * i + int(wd["seed"])
+                w["name"] = f"{wd['name']}@{w['seed']}"
+                out.append((fam, w, cd))
+    return out
+
+
+def measure(draw: tuple[str, dict, dict], sets: list[dict[str, float]]) -> tuple[str, str, list[tuple]]:
+    """One draw: per option set, ``(ACT/static, step/static, ACT/ideal, loads, fifo's loads)``."""
+    fam, wd, cd = draw
+    gen = generate(parse_workload(wd, wd["name"]))
+    cl = parse_cluster(cd, cd["name"])
+    s = simulate(gen, cl, "static")
+    f = simulate(gen, cl, "fifo")
+    out = []
+    for opts in sets:
+        t = simulate(gen, cl, "tangram", options=TangramOptions(**opts))
+        out.append((t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
+                    t["act_mean_s"] / t["ideal_act_mean_s"], t["model_loads"], f["model_loads"]))
+    return fam, wd["name"], out
+
+
+def summary(rows: list[tuple]) -> dict[str, float]:
+    act, step, ideal = ([r[i] for r in rows] for i in range(3))
+    return {"n": len(rows), "both": sum(a < 1 and s < 1 for a, s in zip(act, step)),
+            "loads": sum(r[3] <= r[4] for r in rows),
+            "act_mean": statistics.mean(act), "act_max": max(act),
+            "step_mean": statistics.mean(step), "step_max": max(step),
+            "ideal_mean": statistics.mean(ideal), "ideal_max": max(ideal), "over_1.5": sum(x > 1.5 for x in ideal)}
+
+
+def _opts(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", default="all", help="comma-separated: " + ", ".join(FAMILIES) + " (or all)")
+    ap.add_argument("--k", type=int, default=3, help="seeds per variant")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--set", action="append", default=None, help='options "k=v,k=v" ("" = the defaults)')
+    ap.add_argument("--losers", action="store_true", help="list the draws some set loses on")
+    a = ap.parse_args()
+    fams = list(FAMILIES) if a.family == "all" else a.family.split(",")
+    texts = a.set if a.set is not None else [""]
+    sets = [_opts(x) for x in texts]
+    ds = draws(fams, a.k)
+    with ProcessPoolExecutor(a.jobs) as ex:
+        res = list(ex.map(measure, ds, [sets] * len(ds)))
+    print(f"{'family':7}{'set':28}{'both':>9}{'loads':>9}{'act/stat':>16}{'step/stat':>16}{'act/ideal':>16}{'>1.5':>6}")
+    for fam in fams:
+        for j, text in enumerate(texts):
+            m = summary([r[j] for f, _, r in res if f == fam])
+            print(f"{fam:7}{(text or 'defaults')[:27]:28}{m['both']:>4}/{m['n']:<4}{m['loads']:>4}/{m['n']:<4}"
+                  f"{m['act_mean']:>8.3f}{m['act_max']:>8.3f}{m['step_mean']:>8.3f}{m['step_max']:>8.3f}"
+                  f"{m['ideal_mean']:>8.3f}{m['ideal_max']:>8.3f}{m['over_1.5']:>6}")
+    print("(act/stat, step/stat, act/ideal: mean then max over the draws; both: ACT and step under static's; "
+          "loads: model loads at most fifo's)")
+    if a.losers:
+        for fam, name, r in res:
+            if any(x[0] >= 1 or x[1] >= 1 for x in r):
+                print(f"{name:22}" + " | ".join(f"{x[0]:.3f} {x[1]:.3f}" for x in r))
+
+
+if __name__ == "__main__":
+    main()
