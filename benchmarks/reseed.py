@@ -27,12 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import benchmarks.variants as V  # noqa: E402
-from tangram_dask.bench import simulate  # noqa: E402
-from tangram_dask.cluster import parse_cluster  # noqa: E402
-from tangram_dask.policy import TangramOptions  # noqa: E402
-from tangram_dask.workload import generate, parse_workload  # noqa: E402
+from benchmarks.sweep import runs  # noqa: E402
 
-FAMILIES = tuple(f for f in V.FAMILIES)
+FAMILIES = V.FAMILIES
 
 
 def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
@@ -51,16 +48,9 @@ def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
 def measure(draw: tuple[str, dict, dict], sets: list[dict[str, float]]) -> tuple[str, str, list[tuple]]:
     """One draw: per option set, ``(ACT/static, step/static, ACT/ideal, loads, fifo's loads)``."""
     fam, wd, cd = draw
-    gen = generate(parse_workload(wd, wd["name"]))
-    cl = parse_cluster(cd, cd["name"])
-    s = simulate(gen, cl, "static")
-    f = simulate(gen, cl, "fifo")
-    out = []
-    for opts in sets:
-        t = simulate(gen, cl, "tangram", options=TangramOptions(**opts))
-        out.append((t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
-                    t["act_mean_s"] / t["ideal_act_mean_s"], t["model_loads"], f["model_loads"]))
-    return fam, wd["name"], out
+    s, f, ts = runs(wd, cd, sets)
+    return fam, wd["name"], [(t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
+                              t["act_mean_s"] / t["ideal_act_mean_s"], t["model_loads"], f["model_loads"]) for t in ts]
 
 
 def summary(rows: list[tuple]) -> dict[str, float]:

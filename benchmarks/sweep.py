@@ -59,18 +59,19 @@ def variant(seed: int) -> tuple[dict, dict]:
                    steps=r.choice([1, 2]), train_time_s=20, trajectories=n, _=tails), b[shape]
 
 
-def measure(seed: int, sets: list[dict[str, float]]) -> tuple[str, list[tuple[float, float, float, float]]]:
-    wd, cd = variant(seed)
+def runs(wd: dict, cd: dict, sets: list[dict[str, float]]) -> tuple[dict, dict, list[dict]]:
+    """static's and fifo's metrics on one draw (workload and cluster as dicts), then tangram's per option set."""
     gen = generate(parse_workload(wd, wd["name"]))
     cl = parse_cluster(cd, cd["name"])
-    s = simulate(gen, cl, "static")
-    f = simulate(gen, cl, "fifo")
-    out = []
-    for opts in sets:
-        t = simulate(gen, cl, "tangram", options=TangramOptions(**opts))
-        out.append((t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"], t["step_s"] / f["step_s"],
-                    t["act_mean_s"] / t["ideal_act_mean_s"]))
-    return wd["name"], out
+    return (simulate(gen, cl, "static"), simulate(gen, cl, "fifo"),
+            [simulate(gen, cl, "tangram", options=TangramOptions(**opts)) for opts in sets])
+
+
+def measure(seed: int, sets: list[dict[str, float]]) -> tuple[str, list[tuple[float, float, float, float]]]:
+    wd, cd = variant(seed)
+    s, f, ts = runs(wd, cd, sets)
+    return wd["name"], [(t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"], t["step_s"] / f["step_s"],
+                         t["act_mean_s"] / t["ideal_act_mean_s"]) for t in ts]
 
 
 def _opts(text: str) -> dict[str, float]:
