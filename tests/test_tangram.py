@@ -731,6 +731,31 @@ def test_an_extreme_hint_makes_an_elephant_even_where_its_estimate_is_shrunk():
     assert [(s.action, s.units) for s in starts] == [("big", 1)] and not reserved
 
 
+@pytest.mark.parametrize("tail", [0.5, 0.0])
+def test_in_the_steps_tail_an_action_longer_than_half_a_trajectory_is_an_elephant(tail):
+    """``elephant_tail``, the kind tests off (``elephant_z`` 99, ``elephant_hint`` 0). One node of 8 slots:
+    eight trajectories of one 0.5 s code run end by 1.6 s (0.6 s each), seven more hold 7 slots from
+    2.0 to 5.0 s, and at 2.5 s a test run of 30 s (on 1 slot; 90% of it parallel) is issued
+    with no trajectory waiting for admission. 30 s is over half the mean trajectory, so it reserves the
+    node and starts on 8 slots at 5.0 s (ACT 2.5 + 30 x (0.1 + 0.9 / 8) = 8.875 s); without the rule it
+    starts on the one free slot at once and runs 30 s, and the step ends with it."""
+    wl = make_workload([kind("c"), kind("T", units=(1, 8), p=0.9)], [kind("rw", "api", dur=0.1)], trajectories=16)
+    gen = hand_run(wl, [[(1.0, "c", 0.5), (0.0, "rw", 0.1)]] * 8 + [[(2.0, "c", 3.0), (0.0, "rw", 0.1)]] * 7
+                   + [[(2.5, "T", 30.0), (0.0, "rw", 0.1)]])
+    run = simulate(gen, make_cluster(cpu=[{"slots": 8}], tokens=16), "tangram",
+                   options=TangramOptions(admission=0, elephant_z=99.0, elephant_hint=0.0, elephant_tail=tail))
+    t, start = run.starts()[30]
+    if tail:
+        assert (t, start.units) == (approx(5.0), 8) and run.act[30] == approx(8.875)
+        # the rule holds only in the step's tail: with a trajectory waiting for admission it is off
+        pol, big = run.policy, make_spec("T", "cpu", (1, 8), speedup=0.9, hint_s=30.0)
+        assert pol._elephant(big, 30.0)
+        pol.admission_queue["late"] = 6.0
+        assert not pol._elephant(big, 30.0)
+    else:
+        assert (t, start.units) == (approx(2.5), 1) and run.act[30] == approx(30.0)
+
+
 @pytest.mark.parametrize("home_reserve", [1.0, 0.0])
 def test_an_elephant_that_waited_at_home_reserves_like_any_other(home_reserve):
     """A stateful test run hinted 3,000 s (its kind's works are 7-20 s) finds its home node full, one slot

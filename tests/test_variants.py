@@ -205,3 +205,19 @@ def test_reseed_draws_each_variant_again_on_other_seeds_and_measures_every_optio
         assert act > 0 and step > 0 and ideal >= 1.0 and loads >= 0 and fifo_loads >= 0
     m = summary(rows)
     assert m["n"] == 3 and 0 <= m["both"] <= 3 and m["act_max"] >= m["act_mean"]
+
+
+def test_in_the_steps_tail_a_long_test_run_reserves_slots_rather_than_set_the_step_on_one():
+    """``tail-tight-b`` drawn on seed 1065 (benchmarks/reseed.py): a test run estimated at 139 s (328 s on one
+    slot) was not in its kind's top tail (heavy tails, hint sigma 1.5), started on 1 slot of 8 with no
+    trajectory waiting for admission, and the mean step was 1.29x static's. With ``elephant_tail`` (the
+    default) it counts as an elephant and reserves slots: the step falls under static's, ACT with it."""
+    import sys
+
+    sys.path.insert(0, str(BENCH.parents[1]))
+    from benchmarks.reseed import draws, measure
+
+    (draw,) = [d for d in draws(["tail"], 4) if d[1]["name"] == "tail-tight-b@1065"]
+    _, _, ((act0, step0, *_), (act1, step1, *_)) = measure(draw, [{"elephant_tail": 0.0}, {}])
+    assert step0 > 1.2 and step1 < 0.7
+    assert act1 < act0 < 1.0
