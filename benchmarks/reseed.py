@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import benchmarks.variants as V  # noqa: E402
-from benchmarks.sweep import runs  # noqa: E402
+from benchmarks.sweep import _opts, runs  # noqa: E402
 
 FAMILIES = V.FAMILIES
 
@@ -60,10 +60,6 @@ def summary(rows: list[tuple]) -> dict[str, float]:
             "act_mean": statistics.mean(act), "act_max": max(act),
             "step_mean": statistics.mean(step), "step_max": max(step),
             "ideal_mean": statistics.mean(ideal), "ideal_max": max(ideal), "over_1.5": sum(x > 1.5 for x in ideal)}
-
-
-def _opts(text: str) -> dict[str, float]:
-    return {k: float(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
 def main() -> None:

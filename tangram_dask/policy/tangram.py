@@ -26,7 +26,8 @@ tokens, each model's GPU replicas); each decision goes through small phases:
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
-   elephant (top tail of its kind's estimates) reserves slots on one node rather
+   elephant (top tail of its kind's estimates; once every trajectory is admitted,
+   also longer than half a mean trajectory) reserves slots on one node rather
    than start small (``Reservation``).
 5. **reserve / release**: the ledger takes and returns units (:mod:`.ledger`).
 
