@@ -100,7 +100,7 @@ class TangramOptions:
     elephant_tail: float = 0.5  # >0: once no trajectory waits for admission (the step's tail), an action expected to
                                 # run longer than this x the mean trajectory (on units.min) is an elephant too
     admission_model: float = 0.6  # >0: in warm-up, each model's replicas kept under this x busy (per-model gate)
-    admission_open: float = 16.0  # >0: with admission_model, this many first, until 4 actions were seen
+    admission_open: float = 12.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 1.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # admission_model busy loads one as soon as one of its actions waits
     gpu_lean: float = 4.0       # >0: the three above and admission_gpu_lean only on a cluster that leans to GPUs,
