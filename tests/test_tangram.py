@@ -595,11 +595,13 @@ def test_per_model_gate_opens_small_and_loads_for_the_bottleneck_model():
     spec = dataclasses.replace(load_workload("resources/variants/gpu-bound.yaml"), seed=31)
     gen = generate(spec)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    # measured with the loads inside the actions (background_load=0), where the loads are Starts
+    # measured with the loads inside the actions (background_load=0), where the loads are Starts, and
+    # with the load sites of its time (unseen_busy=0, session 10: with it the gated run's ACT is 2.09 s)
     opts = TangramOptions(admission_model=0.6, admission_open=16, plan_loads=1, background_load=0.0,
-                          admission_gpu_lean=0.0, load_one=0.0)
+                          admission_gpu_lean=0.0, load_one=0.0, unseen_busy=0.0)
     gated = simulate(gen, cl, "tangram", options=opts)
-    plain = simulate(gen, cl, "tangram", options=TangramOptions(background_load=0.0, **_BEFORE_LEAN))
+    plain = simulate(gen, cl, "tangram", options=TangramOptions(background_load=0.0, unseen_busy=0.0,
+                                                                 **_BEFORE_LEAN))
     default = simulate(gen, cl, "tangram")
     assert sum(t == 0.0 for t, _ in default.admits()) == 12
     static = simulate(gen, cl, "static", audit=False)
@@ -730,6 +732,21 @@ def test_an_extreme_hint_makes_an_elephant_even_where_its_estimate_is_shrunk():
     assert starts == [] and reserved["cpu-0"].aid == "big" and reserved["cpu-0"].want == 8
     starts, reserved = decided[0.0]
     assert [(s.action, s.units) for s in starts] == [("big", 1)] and not reserved
+
+
+@pytest.mark.parametrize("unseen", [1.0, 0.0])
+def test_a_load_avoids_a_deployed_replica_whose_model_was_not_called_yet(unseen):
+    """Two groups of 2 GPUs (80 GB). The judge (60 GB) was deployed before the step on GPUs 0-1 and has
+    not been called; a process reward model (30 GB, one GPU) loads for its first call. Both groups
+    have room and nothing is evicted, and the judge's measured demand is 0. With ``unseen_busy`` the
+    judge counts as busy in the site's contention (its rewards come later, in bursts), so the load
+    goes to the other group; without it the first group, beside the judge, is as good."""
+    pol = _gpu_case((2, 2), {"judge": (60.0, 25.0), "prm": (30.0, 30.0)}, [("judge", (0, 1))],
+                    TangramOptions(unseen_busy=unseen))
+    pol.submit(0, _gpu_action("prm", 0, hint=1.0), 0.0)
+    (load,) = pol.schedule(0.0)
+    assert _is_load(load) and load.evict == ()
+    assert load.gpus == ((2,) if unseen else (0,))
 
 
 @pytest.mark.parametrize("tail", [0.5, 0.0])

@@ -95,6 +95,8 @@ class TangramOptions:
                                 # (0: each judged alone, so one load could take every replica its demand needs)
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
+    unseen_busy: float = 1.0    # (with keep_deployed) a load site beside such a replica whose model was never called
+                                # counts it this busy in its contention (its rewards come last); 0: as idle
     hint_spread: float = 1.0    # 1: a kind's work spread also from the hints of every issued action (not only finished)
     elephant_move: float = 1.0  # 1: an elephant whose home has little room moves to the node with the most
     elephant_tail: float = 0.5  # >0: once no trajectory waits for admission (the step's tail), an action expected to
@@ -1501,14 +1503,23 @@ class TangramPolicy(Policy):
 
         A GPU runs one action at a time: a replica placed beside another model's
         busy replica waits whenever that one serves (and blocks it in turn).
-        Each staying replica counts its model's demand per replica (capped at 1).
+        Each staying replica counts its model's demand per replica (capped at 1). A replica
+        deployed before the step whose model was never called (``unseen_busy``) counts as busy: its
+        demand is not measured yet, and for a reward model it comes in bursts, later. On ``gpu-seed39``
+        drawn on seed 1039 the process reward model's first load (t = 6.2 s) went beside the vision
+        judge's deployed replica, not called yet: its rewards then waited 81 s in all behind the tool
+        calls on the same GPUs; placed beside a judge already seen, 20 s (ACT/ideal 1.75 -> 1.50).
         """
         gp = self.gpu
         out = 0.0
+        unseen = self.opt.unseen_busy
         for rid in cands:
             if rid in plan:
                 continue
             m = gp.replicas[rid].model
+            if unseen and m not in self.pools and self._unseen_deployed(m):
+                out += unseen
+                continue
             out += min(1.0, self._needed(m, self._now) / max(len(gp.by_model[m]), 1))
         return round(out, 6)
 
