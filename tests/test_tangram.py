@@ -446,6 +446,48 @@ def test_a_stream_of_one_gpu_calls_does_not_starve_a_two_gpu_reward(claim):
         assert 100 not in started
 
 
+@pytest.mark.parametrize("site_wait", [1.0, 0.0])
+def test_a_load_waits_for_busy_gpus_that_take_it_evicting_nothing(site_wait):
+    """Groups of two 80 GB GPUs: the 140 GB judge's two replicas on GPUs 0-1 and 2-3, prm (30 GB) on each
+    of GPUs 4-7. A vision judge (60 GB, 2 GPUs) arrives while prm calls run on GPUs 4-7: the only
+    idle GPUs evict one of the 140 GB judge's replicas, which its rewards use. With ``site_wait`` the
+    load waits for GPUs 4-5 (memory to spare beside prm, busy for one more second) and claims them;
+    without it, it evicts at once, and the 140 GB judge's calls queue on the replica left until one is
+    loaded back (100 s)."""
+    from tangram_dask.policy.types import Load
+
+    pol = _gpu_case((2, 2, 2, 2), {"xl": (140.0, 100.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
+                    [("xl", (0, 1)), ("xl", (2, 3))] + [("prm", (i,)) for i in range(4, 8)],
+                    TangramOptions(site_wait=site_wait))
+    t = 0.0
+    for i in range(8):  # eight trajectories end, each with a 140 GB judge reward: it has demand
+        pol.begin_trajectory(f"t{i}", t)
+        pol.submit(f"x{i}", _gpu_action("xl", i, units=(2, 2), hint=5.0), t)
+        pol.schedule(t)
+        pol.finish(f"x{i}", t + 5.0, 5.0)
+        pol.end_trajectory(f"t{i}", t + 5.0)
+        t += 20.0
+        pol.schedule(t)
+    assert pol._needed("xl", t) > 0
+    for i in range(4):
+        pol.submit(f"p{i}", _gpu_action("prm", 10 + i, hint=1.0), t)
+    assert sorted(d.gpus for d in pol.schedule(t)) == [(4,), (5,), (6,), (7,)]
+    model_of = {rid: r.model for rid, r in pol.gpu.replicas.items()}
+    pol.submit("v", _gpu_action("vlm", 20, units=(2, 2), hint=4.0), t + 0.1)
+    out = pol.schedule(t + 0.1)
+    if not site_wait:
+        (load,) = out
+        assert isinstance(load, Load) and load.model == "vlm" and load.gpus in ((0, 1), (2, 3))
+        assert [model_of[r] for r in load.evict] == ["xl"]
+        return
+    assert out == []
+    assert "evicts nothing" in pol._shortfall(pol.pools["vlm"]).reason
+    pol.finish("p0", t + 1.0, 1.0)
+    pol.finish("p1", t + 1.0, 1.0)
+    (load,) = pol.schedule(t + 1.0)
+    assert isinstance(load, Load) and load.model == "vlm" and load.gpus == (4, 5) and load.evict == ()
+
+
 def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
     """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
     wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s
@@ -827,16 +869,28 @@ def test_a_load_leaves_a_model_the_replicas_its_demand_needs(evict_count):
     a site on GPUs 2-3 may evict one of its replicas, not both: each is judged with those listed before
     it gone. Judged alone (``evict_count=0``, before), both were beyond its need of one, and a second
     140 GB replica took them both during a burst of rewards (over 16 seeds of the file the rewards
-    waited 1.93 s more than static's on average and tangram loaded 20 replicas; with the count 0.66 s, 3)."""
+    waited 1.93 s more than static's on average and tangram loaded 20 replicas; with the count 0.66 s, 3).
+    (``evict_wait=0``: the need here is a replica per busy one, as it was then; with ``evict_wait`` the
+    model keeps both, ``test_a_model_keeps_the_replicas_that_keep_its_queueing_short``.)"""
+    pol, small, t = _half_busy_small_judge(TangramOptions(admission=0, evict_count=evict_count, evict_wait=0))
+    assert pol.traj_n >= 8  # past keep_deployed's 8 ended trajectories
+    assert 0.0 < pol._needed("rm-small", t) <= 1.0
+    order = pol._evict_order(set(small), set())
+    assert len(order) == (1 if evict_count else 2)
+
+
+def _half_busy_small_judge(options: TangramOptions):
+    """The live benchmark's files (small.yaml on cluster-laptop.yaml), the 16 GB judge's two replicas on
+    GPUs 2 and 3, and 16 of its 1 s rewards, one every 2 s, each ending its trajectory: about half a
+    replica busy. Returns the policy, the judge's replicas and the time."""
     from tangram_dask.policy import make_policy
 
     wl = load_workload(f"{BENCH}/small.yaml")
-    pol = make_policy("tangram", load_cluster(f"{BENCH}/cluster-laptop.yaml"), wl,
-                      options=TangramOptions(admission=0, evict_count=evict_count))
+    pol = make_policy("tangram", load_cluster(f"{BENCH}/cluster-laptop.yaml"), wl, options=options)
     small = sorted(rid for rid, r in pol.gpu.replicas.items() if r.model == "rm-small")
     assert len(small) == 2
     t = 0.0
-    for i in range(16):  # one 1 s reward every 2 s, each ending its trajectory: about half a replica busy
+    for i in range(16):
         pol.begin_trajectory(f"t{i}", t)
         pol.submit(f"r{i}", make_spec("judge_small", "gpu", (1, 2), speedup=0.8, model="rm-small", hint_s=1.0,
                                       trajectory=f"t{i}"), t)
@@ -845,7 +899,20 @@ def test_a_load_leaves_a_model_the_replicas_its_demand_needs(evict_count):
         pol.end_trajectory(f"t{i}", t + 1.0)
         t += 2.0
         pol.schedule(t)
-    assert pol.traj_n >= 8  # past keep_deployed's 8 ended trajectories
-    assert 0.0 < pol._needed("rm-small", t) <= 1.0
+    return pol, small, t
+
+
+@pytest.mark.parametrize("evict_wait, keep", [(0.25, 2), (0.0, 1)])
+def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, keep):
+    """The 16 GB judge about half a replica busy on its two replicas (1 s calls, one every 2 s). A
+    replica per busy one says one is enough; on one replica at half busy its calls would wait as long
+    as they run (M/M/1: 0.5 / (1 - 0.5) x 1 s), over ``evict_wait`` (0.25) x their work: it keeps both,
+    and neither may go, not even for a model denser per GB (on two replicas they wait 0.07 s)."""
+    pol, small, t = _half_busy_small_judge(TangramOptions(admission=0, evict_wait=evict_wait))
+    assert 0.3 < pol._needed("rm-small", t) <= 1.0
+    assert pol._keep("rm-small") == keep
+    pol._loader_density = 1e9  # a loader far denser per GB than the judge
     order = pol._evict_order(set(small), set())
-    assert len(order) == (1 if evict_count else 2)
+    assert len(order) == (0 if evict_wait else 2)  # without it: one beyond the need, one for the denser loader
+    if evict_wait:
+        assert pol._wait_ratio("rm-small", 1) > evict_wait >= pol._wait_ratio("rm-small", 2)
