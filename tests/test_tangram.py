@@ -907,7 +907,8 @@ def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, kee
     """The 16 GB judge about half a replica busy on its two replicas (1 s calls, one every 2 s). A
     replica per busy one says one is enough; on one replica at half busy its calls would wait as long
     as they run (M/M/1: 0.5 / (1 - 0.5) x 1 s), over ``evict_wait`` (0.25) x their work: it keeps both,
-    and neither may go, not even for a model denser per GB (on two replicas they wait 0.07 s)."""
+    and neither may go, not even for a model denser per GB (on two replicas they wait 0.07 s), its last
+    replica while a call of it is expected within one reload."""
     pol, small, t = _half_busy_small_judge(TangramOptions(admission=0, evict_wait=evict_wait))
     assert 0.3 < pol._needed("rm-small", t) <= 1.0
     assert pol._keep("rm-small") == keep
@@ -916,3 +917,8 @@ def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, kee
     assert len(order) == (0 if evict_wait else 2)  # without it: one beyond the need, one for the denser loader
     if evict_wait:
         assert pol._wait_ratio("rm-small", 1) > evict_wait >= pol._wait_ratio("rm-small", 2)
+        # its last replica is kept while a call is expected within one reload (25 s); once its calls stopped
+        # (nothing for 30 minutes) it keeps none: both may go
+        pol._now = t + 1800.0
+        assert pol._keep("rm-small") == 1
+        assert len(pol._evict_order(set(small), set())) == 2
