@@ -56,6 +56,18 @@ def test_idle_pool_gives_an_elastic_action_units_max():
     assert run.act[0] == approx(run.result.ideal[0])
 
 
+@pytest.mark.parametrize("pair_floor, units", [(1.0, [2, 2]), (0.0, [1, 1, 1, 1])])
+def test_under_a_backlog_an_elastic_action_still_starts_on_two_units(pair_floor, units):
+    """Six test runs (units 1..8, parallel fraction 0.9, 20 s hints) at once on one node of 4 slots. The
+    queue's minimum (5 more slots) covers the free ones, so the spare cap holds each start to one slot:
+    four start on one. With ``pair_floor`` each starts on two where the node has them (a second slot
+    runs it 1.8x faster): two start, on two each."""
+    pol = TangramPolicy(make_cluster(cpu=[{"slots": 4}]), {}, [], options=TangramOptions(pair_floor=pair_floor))
+    for i in range(6):
+        pol.submit(i, make_spec("run_tests", units=(1, 8), speedup=0.9, hint_s=20.0), 0.0)
+    assert [d.units for d in pol.schedule(0.0)] == units
+
+
 def test_fifo_on_the_same_idle_pool_uses_units_min():
     wl = make_workload([kind("tool", dur=10.0, units=(1, 4), p=0.9)], [kind("reward", "api", dur=1.0)])
     run = simulate(wl, make_cluster(cpu=[{"slots": 8}], tokens=1, warm=0.5), "fifo")
@@ -602,7 +614,7 @@ def test_an_elephant_is_told_before_its_kind_has_8_estimates():
 # the defaults before the per-model gate (``admission_model``, ``admission_open``, ``plan_loads``,
 # ``admission_gpu_lean``) and ``load_one`` were on by default on clusters that lean to GPUs: the tests
 # below measure rules against the default of their time
-_BEFORE_LEAN = dict(admission_model=0.0, load_one=0.0)
+_BEFORE_LEAN = dict(admission_model=0.0, load_one=0.0, pair_floor=0.0)  # the defaults of their time
 
 
 def test_admission_ramp_opens_with_16_trajectories():
