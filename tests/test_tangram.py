@@ -68,6 +68,28 @@ def test_under_a_backlog_an_elastic_action_still_starts_on_two_units(pair_floor,
     assert [d.units for d in pol.schedule(0.0)] == units
 
 
+@pytest.mark.parametrize("pair_floor", [1.0, 0.0])
+def test_an_elastic_action_that_finds_one_slot_reserves_a_second_when_it_pays(pair_floor):
+    """One node of 3 slots: a fixed 2-slot action runs (100 s), a 1-slot call ends at t = 1, and a test run
+    (units 1..8, parallel fraction 0.9, hint 50 s) arrives then. It finds one slot; a second would save
+    50 x (1 - 0.55) = 22.5 s, far more than ``reserve_gain`` (4) x the wait for one freed slot: with
+    ``pair_floor`` it holds the slot and starts on two when the 2-slot action ends (t = 3). Without it, it
+    starts at once on the one slot."""
+    pol = TangramPolicy(make_cluster(cpu=[{"slots": 3}]), {}, [], options=TangramOptions(pair_floor=pair_floor))
+    pol.submit("x", make_spec("fixed", units=(2, 2), hint_s=100.0), 0.0)
+    pol.submit("f", make_spec("call", hint_s=1.0), 0.0)
+    assert sorted(d.action for d in pol.schedule(0.0)) == ["f", "x"]
+    pol.finish("f", 1.0, 1.0)
+    pol.submit("a", make_spec("run_tests", units=(1, 8), speedup=0.9, hint_s=50.0), 1.0)
+    started = [(d.action, d.units) for d in pol.schedule(1.0)]
+    if not pair_floor:
+        assert started == [("a", 1)]
+        return
+    assert started == [] and pol.reserved["cpu-0"].aid == "a"
+    pol.finish("x", 3.0, 3.0)
+    assert [(d.action, d.units) for d in pol.schedule(3.0)] == [("a", 2)]
+
+
 def test_fifo_on_the_same_idle_pool_uses_units_min():
     wl = make_workload([kind("tool", dur=10.0, units=(1, 4), p=0.9)], [kind("reward", "api", dur=1.0)])
     run = simulate(wl, make_cluster(cpu=[{"slots": 8}], tokens=1, warm=0.5), "fifo")
@@ -755,8 +777,9 @@ def test_an_extreme_hint_makes_an_elephant_even_where_its_estimate_is_shrunk():
     """A kind whose hints are off by up to e^2.5 either way: the estimator leans on its history, so a test
     run hinted 3,000 s (the kind's works are 7-20 s) is estimated at ~400 s, not in the top tail of the
     kind's estimates. Its hint is (``elephant_hint``: 2.25 sd above the kind's log hints), so with 7 of 8
-    slots busy it reserves the node for 8 slots; without that test it starts on the one free slot (the
-    holdout's ``xst312``: hinted 6,106 s, run on 1 slot for 3,277 s, the step 1.6x static's)."""
+    slots busy it reserves the node for 8 slots; without that test it started on the one free slot (the
+    holdout's ``xst312``: hinted 6,106 s, run on 1 slot for 3,277 s, the step 1.6x static's), and since
+    ``pair_floor`` it reserves only a second one."""
     import math
 
     from tangram_dask.policy import make_policy
@@ -785,7 +808,7 @@ def test_an_extreme_hint_makes_an_elephant_even_where_its_estimate_is_shrunk():
     starts, reserved = decided[2.25]
     assert starts == [] and reserved["cpu-0"].aid == "big" and reserved["cpu-0"].want == 8
     starts, reserved = decided[0.0]
-    assert [(s.action, s.units) for s in starts] == [("big", 1)] and not reserved
+    assert starts == [] and reserved["cpu-0"].aid == "big" and reserved["cpu-0"].want == 2
 
 
 @pytest.mark.parametrize("unseen", [1.0, 0.0])
@@ -810,7 +833,8 @@ def test_in_the_steps_tail_an_action_longer_than_half_a_trajectory_is_an_elephan
     2.0 to 5.0 s, and at 2.5 s a test run of 30 s (on 1 slot; 90% of it parallel) is issued
     with no trajectory waiting for admission. 30 s is over half the mean trajectory, so it reserves the
     node and starts on 8 slots at 5.0 s (ACT 2.5 + 30 x (0.1 + 0.9 / 8) = 8.875 s); without the rule it
-    starts on the one free slot at once and runs 30 s, and the step ends with it."""
+    started on the one free slot at once and ran 30 s, and the step ended with it; since ``pair_floor`` it
+    reserves a second slot and starts on 2 at 5.0 s (ACT 2.5 + 30 x 0.55 = 19 s)."""
     wl = make_workload([kind("c"), kind("T", units=(1, 8), p=0.9)], [kind("rw", "api", dur=0.1)], trajectories=16)
     gen = hand_run(wl, [[(1.0, "c", 0.5), (0.0, "rw", 0.1)]] * 8 + [[(2.0, "c", 3.0), (0.0, "rw", 0.1)]] * 7
                    + [[(2.5, "T", 30.0), (0.0, "rw", 0.1)]])
@@ -825,7 +849,7 @@ def test_in_the_steps_tail_an_action_longer_than_half_a_trajectory_is_an_elephan
         pol.admission_queue["late"] = 6.0
         assert not pol._elephant(big, 30.0)
     else:
-        assert (t, start.units) == (approx(2.5), 1) and run.act[30] == approx(30.0)
+        assert (t, start.units) == (approx(5.0), 2) and run.act[30] == approx(19.0)
 
 
 @pytest.mark.parametrize("home_reserve", [1.0, 0.0])

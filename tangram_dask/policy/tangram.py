@@ -132,7 +132,9 @@ class TangramOptions:
                                 # model only if the rest keep that, its last while a call is expected within one
                                 # reload (0: it keeps ceil(demand), a replica per busy one)
     pair_floor: float = 1.0     # 1: an elastic CPU action (parallel_fraction > 0) starts on at least units.min + 1
-                                # units where its node has them free, whatever the spare cap (0: the cap and price only)
+                                # units where its node has them free, whatever the spare cap; where it has only
+                                # units.min free, it reserves one more when that saves reserve_gain x the wait for it
+                                # (0: the cap and the price only)
     site_wait: float = 1.0      # 1 (with residency): a load that would evict a replica of a model with demand waits
                                 # instead for busy GPUs that can take it evicting nothing, when they are expected to
                                 # free within its load_s, and claims them meanwhile (0: it evicts at once)
@@ -941,19 +943,31 @@ class TangramPolicy(Policy):
             want = cpu.limit[node]  # min(units.max, the node's slots)
         # the elephant test last: it matters only where the room falls short of what an elephant would want
         if want > room and room >= need and node not in self.reserved and self._elephant(spec, p.est):
-            wait = self._expected_wait(want - room, now)
-            gain = p.est * (spec.scale(room) - spec.scale(want))
-            if gain > self.opt.reserve_gain * wait:
-                cpu.take(node, room)
-                pool.rmin += need
-                deadline = now + gain / self.opt.reserve_gain
-                self.reserved[node] = Reservation(aid, p, node, room, want, deadline)
-                heappush(self.res_deadlines, (deadline, self._seq, node, aid))
-                self._seq += 1
+            if self._reserve(aid, p, node, room, want, now):
                 return
+        if (room == need and want > need and self.opt.pair_floor and spec.parallel_fraction > 0.0
+                and node not in self.reserved and self._reserve(aid, p, node, room, need + 1, now)):
+            return  # pair_floor: one slot free where a second would save more than the wait for it
         k = self._size(spec, room, now, p.est)
         out.append(self._start_cpu(aid, spec, node, k, now, p.est * spec.scale(k)))
         pool.rmin += need
+
+    def _reserve(self, aid: ActionId, p: Pending, node: str, room: int, want: int, now: float) -> bool:
+        """Take the ``room`` free slots of ``node`` for ``p`` and collect freed ones there until it has
+        ``want``, when the seconds the wider start saves exceed ``reserve_gain`` x the expected wait for
+        the slots it lacks; it starts anyway at the deadline that saving allows. False if not worth it."""
+        spec = p.spec
+        wait = self._expected_wait(want - room, now)
+        gain = p.est * (spec.scale(room) - spec.scale(want))
+        if gain <= self.opt.reserve_gain * wait:
+            return False
+        self.cpu.take(node, room)
+        self.pools["cpu"].rmin += spec.units_min
+        deadline = now + gain / self.opt.reserve_gain
+        self.reserved[node] = Reservation(aid, p, node, room, want, deadline)
+        heappush(self.res_deadlines, (deadline, self._seq, node, aid))
+        self._seq += 1
+        return True
 
     def _wait_home(self, aid: ActionId, p: Pending, node: str, now: float) -> None:
         """Park a stateful action on its home node until a slot frees there or restore_s passes."""
