@@ -1780,17 +1780,12 @@ class TangramPolicy(Policy):
         return self._wait_ratio(r.model, reps - 1) <= self.opt.evict_wait
 
     def _wait_ratio(self, model: str, c: int) -> float:
-        """``evict_wait``: on ``c`` replicas, the mean wait of ``model``'s actions (M/M/c, Erlang C, at
-        its recent demand and arrival rate) over their mean work; 0 where nothing was measured."""
+        """``evict_wait``: on ``c`` replicas, the mean wait of ``model``'s actions over their mean work
+        (M/M/c, Erlang C, at its recent demand in busy replicas: the ratio needs nothing else); 0 where no
+        demand was measured."""
         pool = self.pools.get(model)
-        if pool is None or not self.opt.evict_wait:
-            return 0.0
-        a = pool.demand.rate(self._now)
-        n = pool.arrivals.rate(self._now)
-        if a <= 0 or n <= 0:
-            return 0.0
-        s = a / n
-        return _erlang_wq(c, a, s) / s
+        a = pool.demand.rate(self._now) if pool is not None else 0.0
+        return _erlang_wq(c, a, 1.0) if a > 0 else 0.0
 
     def _keep(self, model: str) -> int:
         """The replicas ``model``'s demand needs: ``ceil(needed)`` (a replica per busy one, one more while
@@ -1806,8 +1801,10 @@ class TangramPolicy(Policy):
         need = math.ceil(self._needed(model, self._now))
         if not self.opt.evict_wait:
             return need
+        pool = self.pools.get(model)
+        a = pool.demand.rate(self._now) if pool is not None else 0.0
         c = max(need, 1)
-        while self._wait_ratio(model, c) > self.opt.evict_wait:
+        while a > 0 and _erlang_wq(c, a, 1.0) > self.opt.evict_wait:
             c += 1
         return c
 
