@@ -37,7 +37,7 @@ trajectories, rewards included) stays under a target: CPU slots,
 and GPUs and API tokens (``admission_gpu``); never while queued work
 already exceeds a mean action per unit (``_queueing``). The CPU term is the
 knee (``admission_knee``): the CPU demand of every issued action at
-``units.max``, kept under 0.9 x the slots.
+``units.max``, kept under 0.8 x the slots.
 
 Cost per decision: O(log n) in the pending actions, O(1) amortised in the
 number of nodes (the ledger indexes nodes by free slots); GPU loads scan the
@@ -87,7 +87,7 @@ class TangramOptions:
                                 # and every resource is under this x its capacity busy (0: only before any ended)
     admission_measured: float = 0.0  # >0: admission_issued's CPU demand also from measured units.min held/queued
     admission_step: float = 0.0  # >0: admit while waiting > this x in flight x (H_in_flight - 1) (gate sets step)
-    admission_knee: float = 0.9  # >0: CPU demand over every issued action at units.max kept under this x slots
+    admission_knee: float = 0.8  # >0: CPU demand over every issued action at units.max kept under this x slots
                                  # (the knee: past it more in flight shrink actions, not fill slots; under 1,
                                  # headroom for the variance of arrivals: at 1 the slots queue as an M/G/c at rho 1)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
