@@ -16,19 +16,24 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    find on arrival (queued plus the model's recent demand during the load)
    outlasts what the replicas can do meanwhile (``_should_load``; demand over
    a time constant of at least the model's ``load_s``). Residency follows
-   demand: a replica its model's demand needs is kept (``_evictable``), and so
-   is one tangram loaded until it has served as much work as its load took;
-   a new one never leaves another model with demand without a replica free of
+   demand: a model keeps the replicas its demand needs, as many as keep its
+   queueing short (``_keep``, Erlang C; ``_evictable``), and a replica tangram
+   loaded stays until it has served as much work as its load took. A new
+   replica never leaves another model with demand without a replica free of
    loads (``_stalls``), goes where the fewest evictions and the least busy
-   neighbours are (``_contention``), and takes ``units.max`` GPUs of the
-   group where that costs nothing more (``_replica_shapes``); an action
-   takes the largest ready replica within its ``units.max``.
+   neighbours are (``_contention``), waits for busy GPUs that take it evicting
+   nothing rather than evict a replica with demand (``site_wait``), and takes
+   ``units.max`` GPUs of the group where that costs nothing more
+   (``_replica_shapes``); an action takes the largest ready replica within
+   its ``units.max``.
 4. **size** (``_units``): add a unit while the seconds it saves per extra
    unit-second beat the pool's price ``price * rho / (1 - rho)``; long
    actions weigh more (the step ends with its longest trajectory), and an
    elephant (top tail of its kind's estimates; once every trajectory is admitted,
    also longer than half a mean trajectory) reserves slots on one node rather
-   than start small (``Reservation``).
+   than start small (``Reservation``); an elastic CPU action never starts on
+   ``units.min`` where its node has one more free, and reserves one more
+   where that pays (``pair_floor``).
 5. **reserve / release**: the ledger takes and returns units (:mod:`.ledger`).
 
 Trajectories are admitted (``admission > 0``, the default) only while the
