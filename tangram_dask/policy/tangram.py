@@ -1221,11 +1221,9 @@ class TangramPolicy(Policy):
             st = gp.nodes[r.node]
             t = now
             for i in r.gpus:
-                if st.gpus[i].busy:  # when it frees: the expected end of what its busy replica serves
-                    for o in st.gpus[i].replicas:
-                        ro = gp.replicas[o]
-                        if ro.busy:
-                            t = max(t, math.inf if ro.loading else ro.busy_until)  # a load's end: unknown
+                f = self._frees_at(st, i, now)
+                if f > t:
+                    t = f
             if t < best_t:
                 best, best_t = r, t
         if best is None:
@@ -1235,6 +1233,17 @@ class TangramPolicy(Policy):
             key = (best.node, i)
             if best_t < claims.get(key, math.inf):
                 claims[key] = best_t
+
+    def _frees_at(self, st, i: int, now: float) -> float:
+        """When GPU ``i`` of node state ``st`` is expected to free: ``now`` if idle, else the expected end
+        of what its busy replica serves (infinite for a load: its end is not known)."""
+        t = now
+        if st.gpus[i].busy:
+            for o in st.gpus[i].replicas:
+                ro = self.gpu.replicas[o]
+                if ro.busy:
+                    t = max(t, math.inf if ro.loading else ro.busy_until)
+        return t
 
     def _claimed(self, node: str, gpus: tuple[int, ...], end: float) -> bool:
         """A start ending at ``end`` on ``gpus`` would delay a claim (``gpu_claim``)."""
@@ -1533,7 +1542,6 @@ class TangramPolicy(Policy):
         replica (6.2 s each on average, static's 0.4) until it was loaded back at t = 281 s.
         Waiting for the busy group a second: ACT/ideal 1.72 -> 1.56, step 495 -> 469 s.
         """
-        gp = self.gpu
         now = self._now
         limit = now + ms.load_s  # waiting longer than the load itself takes is never cheaper
         best = None
@@ -1545,17 +1553,9 @@ class TangramPolicy(Policy):
             for size in st.spec.groups:
                 cand = []
                 for i in range(start, start + size):
-                    gi = st.gpus[i]
-                    if gi.mem_free + 1e-9 < share:
+                    if st.gpus[i].mem_free + 1e-9 < share:
                         continue
-                    t = now
-                    for o in gi.replicas:
-                        ro = gp.replicas[o]
-                        if ro.loading:
-                            t = math.inf
-                            break
-                        if ro.busy and ro.busy_until > t:
-                            t = ro.busy_until
+                    t = self._frees_at(st, i, now)
                     if t <= limit:
                         cand.append((t, i))
                 start += size
@@ -1788,9 +1788,13 @@ class TangramPolicy(Policy):
         """``evict_wait``: on ``c`` replicas, the mean wait of ``model``'s actions over their mean work
         (M/M/c, Erlang C, at its recent demand in busy replicas: the ratio needs nothing else); 0 where no
         demand was measured."""
-        pool = self.pools.get(model)
-        a = pool.demand.rate(self._now) if pool is not None else 0.0
+        a = self._busy(model)
         return _erlang_wq(c, a, 1.0) if a > 0 else 0.0
+
+    def _busy(self, model: str) -> float:
+        """The model's recent demand in busy replicas (0 for a model never called)."""
+        pool = self.pools.get(model)
+        return pool.demand.rate(self._now) if pool is not None else 0.0
 
     def _keep(self, model: str) -> int:
         """The replicas ``model``'s demand needs: ``ceil(needed)`` (a replica per busy one, one more while
@@ -1806,8 +1810,7 @@ class TangramPolicy(Policy):
         need = math.ceil(self._needed(model, self._now))
         if not self.opt.evict_wait:
             return need
-        pool = self.pools.get(model)
-        a = pool.demand.rate(self._now) if pool is not None else 0.0
+        a = self._busy(model)
         c = max(need, 1)
         while a > 0 and _erlang_wq(c, a, 1.0) > self.opt.evict_wait:
             c += 1
