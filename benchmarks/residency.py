@@ -1,7 +1,7 @@
 """Reward-model residency on a real LocalCluster: tangram against fifo, in the same run.
 
     python benchmarks/residency.py [--json] [--actions 60] [--rate 6] [--seed 0] [--policies tangram,fifo]
-                                    [--hint 0.2] [--nvml]
+                                    [--hint 0.2] [--nvml] [-o key=value ...]
 
 Per policy, a fresh LocalCluster (worker processes) with the tangram scheduler
 plugin and one GPU worker of ``--gpus`` abstract GPUs (``nvml: false``: no GPU
@@ -21,11 +21,20 @@ Prints per policy: ``model_loads`` and ``evictions`` (what the worker
 reported doing, not what the policy asked), ``act_mean_s`` and ``act_p99_s``
 (submit to result, wall seconds), ``scored`` (actions that returned a score)
 and ``lost`` (actions that did not), and ``wall_s``.
+
+``--replay N`` starts no cluster: it replays the streams of seeds
+``--seed`` .. ``--seed + N - 1`` through each policy alone, on a simulated
+clock (the GPU node as declared: ``--gpus`` GPUs of ``--per-gpu`` replicas,
+or with ``--nvml`` one GPU holding ``--gpus``; loads of ``--load-s``, calls
+of ``--call-s`` x 0.7-1.3), and prints each seed's loads and mean ACT, then
+the totals. On this stream it agrees with the live runs to a load or two
+(docs/models.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import os
@@ -38,6 +47,7 @@ from distributed import Client, LocalCluster, Nanny
 import tangram_dask
 from tangram_dask.cluster import ModelSpec
 from tangram_dask.models import models_snapshot, register_model, sentence_transformer
+from tangram_dask.policy import TangramOptions
 from tangram_dask.scheduler import TangramSchedulerPlugin
 
 MODELS = ("rm-a", "rm-b", "rm-c")
@@ -69,9 +79,10 @@ def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
 
 
 def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_dir: str | None,
-               timeout_s: float, nvml: bool = False, hint_s: float = 0.2, per_gpu: int = 1) -> dict:
+               timeout_s: float, nvml: bool = False, hint_s: float = 0.2, per_gpu: int = 1,
+               options: TangramOptions | None = None) -> dict:
     declared = {m: ModelSpec(m, REPLICA_GB, 1.0) for m in MODELS}
-    plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0)
+    plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0, tangram=options)
     # Abstract GPUs are not this machine's: where it has real ones, distributed's own GPU monitor would read the
     # abstract ids tangram writes into CUDA_VISIBLE_DEVICES (and fail on every tick where they name no GPU).
     cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": per_gpu * REPLICA_GB}}}
@@ -138,6 +149,45 @@ def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_di
                 "measured_load_s": {m: round(v["load_s"], 2) for m, v in measured.items()}}
 
 
+def replay(policy: str, stream: list[tuple[float, str]], gpus: int, per_gpu: int, load_s: float, call_s: float,
+           hint_s: float, options: TangramOptions | None, seed: int = 7) -> tuple[int, float]:
+    """``stream`` through ``policy`` alone on a simulated clock: (loads, mean ACT s)."""
+    from tangram_dask import make_spec
+    from tangram_dask.cluster import ClusterSpec, GpuNode
+    from tangram_dask.policy import FifoPolicy, TangramPolicy
+    from tangram_dask.policy.types import Load, Start
+
+    cl = ClusterSpec("residency", gpu_nodes=(GpuNode("gpu-0", gpus, per_gpu * REPLICA_GB, (gpus,)),))
+    models = {m: ModelSpec(m, REPLICA_GB, load_s) for m in MODELS}
+    pol = TangramPolicy(cl, models, (), options=options) if policy == "tangram" else FifoPolicy(cl, models, ())
+    rng = np.random.default_rng(seed)
+    heap = [(at, 1, i, m) for i, (at, m) in enumerate(stream)]  # (time, event, seq, payload): 0 ends, 2 loaded
+    heapq.heapify(heap)
+    submitted, act, loads, seq = {}, [], 0, len(stream)
+    while heap:
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            _, ev, i, x = heapq.heappop(heap)
+            if ev == 1:
+                submitted[i] = now
+                pol.submit(i, make_spec(f"score:{x}", "gpu", 1, model=x, hint_s=hint_s), now)
+            elif ev == 0:
+                act.append(now - submitted[i])
+                pol.finish(i, now, x)
+            else:
+                pol.loaded(x, now)
+        for d in pol.schedule(now):
+            if isinstance(d, Start):
+                run_s = call_s * (0.7 + 0.6 * rng.random())
+                loads += d.load
+                heapq.heappush(heap, (now + (load_s if d.load else 0.0) + run_s, 0, d.action, run_s))
+            elif isinstance(d, Load):
+                loads += 1
+                seq += 1
+                heapq.heappush(heap, (now + load_s, 2, seq, d.replica))
+    return loads, float(np.mean(act))
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per policy")
@@ -152,12 +202,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--hint", type=float, default=0.2, help="each action's duration hint (s)")
     ap.add_argument("--nvml", action="store_true", help="the first real GPU (CUDA_VISIBLE_DEVICES=0), its memory "
                     "capped by tangram.worker.gpu-memory-fraction to hold --gpus replicas, instead of abstract GPUs")
+    ap.add_argument("-o", "--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a tangram option (repeatable), e.g. -o demand_loads=0")
+    ap.add_argument("--replay", type=int, default=0, metavar="N",
+                    help="no cluster: replay N seeds' streams through each policy on a simulated clock")
+    ap.add_argument("--load-s", type=float, default=0.1, help="--replay: a load's seconds (the H200 measured 0.1)")
+    ap.add_argument("--call-s", type=float, default=0.008, help="--replay: a call's mean seconds (H200: 5-10 ms)")
     a = ap.parse_args(argv)
+    opts = TangramOptions(**{k: float(v) for k, v in (kv.split("=", 1) for kv in a.policy_option)})
+    if a.replay:
+        gpus, per_gpu = (1, a.gpus) if a.nvml else (a.gpus, a.per_gpu)
+        policies = a.policies.split(",")
+        total = {p: [0, 0.0] for p in policies}
+        for seed in range(a.seed, a.seed + a.replay):
+            stream = arrivals(a.actions, a.rate, seed)
+            cells = []
+            for p in policies:
+                n, act = replay(p, stream, gpus, per_gpu, a.load_s, a.call_s, a.hint, opts)
+                total[p][0] += n
+                total[p][1] += act / a.replay
+                cells.append(f"{p} {n:3d} loads, ACT {act:.3f} s")
+            print(f"seed {seed:3d}: " + " | ".join(cells))
+        print("total:   " + " | ".join(f"{p} {n:3d} loads, mean ACT {act:.3f} s" for p, (n, act) in total.items()))
+        return [{"policy": p, "model_loads": n, "act_mean_s": act} for p, (n, act) in total.items()]
     logging.basicConfig(level=logging.ERROR)
     stream = arrivals(a.actions, a.rate, a.seed)
     if a.nvml:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # the workers inherit it: one GPU
-    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint, a.per_gpu)
+    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint, a.per_gpu, opts)
             for p in a.policies.split(",")]
     if a.json:
         for r in rows:

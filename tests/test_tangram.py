@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import approx, hand_run, kind, make_cluster, make_workload, simulate, topology_case
 
@@ -958,3 +960,75 @@ def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, kee
         pol._now = t + 1800.0
         assert pol._keep("rm-small") == 1
         assert len(pol._evict_order(set(small), set())) == 2
+
+
+def _one_gpu_mix_shift(options: TangramOptions, load_s: float = 0.1) -> list[tuple[float, str]]:
+    """The open stream of benchmarks/residency.py, by hand: one GPU whose memory holds two of three
+    0.1 GB models (loads of ``load_s``), a call every 0.15 s of 10 ms each; for 4.5 s the mix is
+    a, a, b, then b, c alternate. Returns each load (background or with its action): (time, model)."""
+    import heapq
+
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy.types import Load
+
+    cl = ClusterSpec("one-gpu", gpu_nodes=(GpuNode("g", 1, 0.2, (1,)),))
+    pol = TangramPolicy(cl, {m: ModelSpec(m, 0.1, load_s) for m in "abc"}, (), options=options)
+    stream = [(i * 0.15, "aab"[i % 3]) for i in range(30)] + [(4.5 + i * 0.15, "bc"[i % 2]) for i in range(30)]
+    heap = [(t, 1, i, m) for i, (t, m) in enumerate(stream)]  # (time, event, seq, payload); 0 ends, 2 loaded
+    heapq.heapify(heap)
+    loads: list[tuple[float, str]] = []
+    seq = len(stream)
+    while heap:
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            _, ev, i, x = heapq.heappop(heap)
+            if ev == 1:
+                pol.submit(i, make_spec(f"score:{x}", "gpu", 1, model=x, hint_s=0.01), now)
+            elif ev == 0:
+                pol.finish(i, now, 0.01)
+            else:
+                pol.loaded(x, now)
+        for d in pol.schedule(now):
+            if isinstance(d, Start):
+                heapq.heappush(heap, (now + (load_s if d.load else 0.0) + 0.01, 0, d.action, None))
+                if d.load:
+                    loads.append((now, stream[d.action][1]))
+            elif isinstance(d, Load):
+                seq += 1
+                loads.append((now, d.model))
+                heapq.heappush(heap, (now + load_s, 2, seq, d.replica))
+    return loads
+
+
+def test_a_model_reloaded_in_a_tenth_of_a_second_follows_a_shift_of_the_mix_within_seconds():
+    """A model's demand is read over at most ``demand_loads`` (20) of its loads: 2 s for a 0.1 s
+    load. After the mix shifts from a, b to b, c, the model no longer called (a) goes within about a
+    second, and b and c stay. Over 30 s (``demand_loads=0``), a's earlier calls still outrank b's
+    and c's for seconds, and b and c evict each other on every call to the end (the real H200 ran
+    benchmarks/residency.py so: 16 loads against fifo's 11)."""
+    shifted = _one_gpu_mix_shift(TangramOptions())
+    assert [m for _, m in shifted[:2]] == ["a", "b"]
+    assert len(shifted) <= 7 and max(t for t, _ in shifted) < 5.5, shifted
+    stuck = _one_gpu_mix_shift(TangramOptions(demand_loads=0))
+    assert len(stuck) >= 15 and max(t for t, _ in stuck) > 6.5, stuck
+
+
+def test_a_measured_load_time_moves_the_models_demand_horizon_and_keeps_its_rate():
+    """The horizon is ``horizon_s`` (30 s) at most, ``demand_loads`` x ``load_s`` below that, and
+    never under ``load_s``; a load time measured later (``set_model``) moves it, the demand as it
+    reads then kept."""
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+
+    cl = ClusterSpec("one-gpu", gpu_nodes=(GpuNode("g", 1, 80.0, (1,)),))
+    models = {"quick": ModelSpec("quick", 1.0, 0.1), "mid": ModelSpec("mid", 1.0, 10.0),
+              "slow": ModelSpec("slow", 1.0, 100.0)}
+    pol = TangramPolicy(cl, models, ())
+    for i, m in enumerate(models):
+        pol.submit(i, make_spec(f"score:{m}", "gpu", 1, model=m, hint_s=1.0), 0.0)
+    assert {m: pol.pools[m].demand.tau for m in models} == {"quick": 2.0, "mid": 30.0, "slow": 100.0}
+    before = pol.pools["mid"].demand.rate(0.0)
+    assert before > 0
+    pol.set_model(ModelSpec("mid", 1.0, 0.5))  # measured: loads in 0.5 s, not 10
+    assert pol.pools["mid"].demand.tau == pol.pools["mid"].arrivals.tau == 10.0
+    assert pol.pools["mid"].demand.rate(0.0) == pytest.approx(before)
+    assert pol.pools["mid"].demand.rate(10.0) == pytest.approx(before * math.exp(-1.0))

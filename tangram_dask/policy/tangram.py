@@ -15,7 +15,8 @@ tokens, each model's GPU replicas); each decision goes through small phases:
    model inside one topology group, or a new replica when the work it would
    find on arrival (queued plus the model's recent demand during the load)
    outlasts what the replicas can do meanwhile (``_should_load``; demand over
-   a time constant of at least the model's ``load_s``). Residency follows
+   a time constant of at least the model's ``load_s`` and at most 20 of them,
+   ``_demand_tau``). Residency follows
    demand: a model keeps the replicas its demand needs, as many as keep its
    queueing short (``_keep``, Erlang C; ``_evictable``), and a replica tangram
    loaded stays until it has served as much work as its load took. A new
@@ -58,6 +59,7 @@ from functools import partial
 from heapq import heappop, heappush
 from operator import itemgetter
 
+from ..cluster import ModelSpec
 from ..spec import ActionSpec
 from .base import Policy, Running
 from .estimate import Estimator, Welford
@@ -72,6 +74,7 @@ class TangramOptions:
     price: float = 0.5          # price of a unit-second at occupancy rho is price * rho / (1 - rho)
     horizon_s: float = 30.0     # time constant of the observed slot-release rate and of each model's demand
                                 # (at least the model's load_s for its demand)
+    demand_loads: float = 20.0  # a model's demand horizon is at most this many of its load_s (0: horizon_s)
     load_patience: float = 1.0  # load a replica when the model's backlog exceeds patience x load_s
     makespan: float = 1.0       # weight of an action's length against a trajectory's (0: off)
     reserve_gain: float = 4.0   # reserve slots for an action when waiting saves > this x the expected wait
@@ -270,6 +273,12 @@ class Rate:
             self.last = now
         self.w += work
 
+    def retau(self, tau: float) -> None:
+        """A new time constant, the rate as it read at the last event kept (settled: the weight scales with tau)."""
+        if self.settled and self.tau > 0:
+            self.w *= tau / self.tau
+        self.tau = tau
+
     def rate(self, now: float) -> float:
         if self.last is None:
             return 0.0
@@ -343,9 +352,28 @@ class TangramPolicy(Policy):
         name = spec.model if spec.resource == "gpu" else spec.resource
         p = self.pools.get(name)
         if p is None:
-            # a replica pays back only after its load: a burst shorter than load_s is not demand for one
-            p = self.pools[name] = Pool(name, "gpu", max(self.opt.horizon_s, self.models[name].load_s))
+            p = self.pools[name] = Pool(name, "gpu", self._demand_tau(name))
         return p
+
+    def _demand_tau(self, model: str) -> float:
+        """The time constant of a model's demand and arrival rates: ``horizon_s``, at most ``demand_loads``
+        of its ``load_s`` (a model reloaded in 0.1 s follows a shift of the mix over seconds; with 30 s, a
+        model called in the first half of a 10 s stream still outranked one called now, and two others
+        took turns evicting each other), and at least its ``load_s`` (a replica pays back only after its
+        load: a burst shorter than that is not demand for one)."""
+        load_s = self.models[model].load_s
+        h = self.opt.horizon_s
+        if self.opt.demand_loads > 0 and load_s > 0:  # a model declared to load in no time keeps horizon_s
+            h = min(h, self.opt.demand_loads * load_s)
+        return max(h, load_s)
+
+    def set_model(self, model: ModelSpec) -> None:
+        super().set_model(model)
+        pool = self.pools.get(model.name)
+        if pool is not None and pool.resource == "gpu":  # a measured load time moves its horizon
+            tau = self._demand_tau(model.name)
+            pool.demand.retau(tau)
+            pool.arrivals.retau(tau)
 
     # -- trajectories ---------------------------------------------------------
     def begin_trajectory(self, trajectory: str, now: float) -> None:
