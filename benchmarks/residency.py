@@ -150,8 +150,8 @@ def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_di
 
 
 def replay(policy: str, stream: list[tuple[float, str]], gpus: int, per_gpu: int, load_s: float, call_s: float,
-           hint_s: float, options: TangramOptions | None, seed: int = 7) -> tuple[int, float]:
-    """``stream`` through ``policy`` alone on a simulated clock: (loads, mean ACT s)."""
+           hint_s: float, options: TangramOptions | None, seed: int = 7) -> tuple[list[tuple[float, str]], float]:
+    """``stream`` through ``policy`` alone on a simulated clock: (each load as (time, model), mean ACT s)."""
     from tangram_dask import make_spec
     from tangram_dask.cluster import ClusterSpec, GpuNode
     from tangram_dask.policy import FifoPolicy, TangramPolicy
@@ -163,7 +163,7 @@ def replay(policy: str, stream: list[tuple[float, str]], gpus: int, per_gpu: int
     rng = np.random.default_rng(seed)
     heap = [(at, 1, i, m) for i, (at, m) in enumerate(stream)]  # (time, event, seq, payload): 0 ends, 2 loaded
     heapq.heapify(heap)
-    submitted, act, loads, seq = {}, [], 0, len(stream)
+    submitted, act, loads, seq = {}, [], [], len(stream)
     while heap:
         now = heap[0][0]
         while heap and heap[0][0] == now:
@@ -179,10 +179,11 @@ def replay(policy: str, stream: list[tuple[float, str]], gpus: int, per_gpu: int
         for d in pol.schedule(now):
             if isinstance(d, Start):
                 run_s = call_s * (0.7 + 0.6 * rng.random())
-                loads += d.load
+                if d.load:
+                    loads.append((now, stream[d.action][1]))
                 heapq.heappush(heap, (now + (load_s if d.load else 0.0) + run_s, 0, d.action, run_s))
             elif isinstance(d, Load):
-                loads += 1
+                loads.append((now, d.model))
                 seq += 1
                 heapq.heappush(heap, (now + load_s, 2, seq, d.replica))
     return loads, float(np.mean(act))
@@ -218,7 +219,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             stream = arrivals(a.actions, a.rate, seed)
             cells = []
             for p in policies:
-                n, act = replay(p, stream, gpus, per_gpu, a.load_s, a.call_s, a.hint, opts)
+                loads, act = replay(p, stream, gpus, per_gpu, a.load_s, a.call_s, a.hint, opts)
+                n = len(loads)
                 total[p][0] += n
                 total[p][1] += act / a.replay
                 cells.append(f"{p} {n:3d} loads, ACT {act:.3f} s")

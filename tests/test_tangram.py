@@ -962,42 +962,20 @@ def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, kee
         assert len(pol._evict_order(set(small), set())) == 2
 
 
-def _one_gpu_mix_shift(options: TangramOptions, load_s: float = 0.1) -> list[tuple[float, str]]:
-    """The open stream of benchmarks/residency.py, by hand: one GPU whose memory holds two of three
-    0.1 GB models (loads of ``load_s``), a call every 0.15 s of 10 ms each; for 4.5 s the mix is
-    a, a, b, then b, c alternate. Returns each load (background or with its action): (time, model)."""
-    import heapq
+def _one_gpu_mix_shift(options: TangramOptions) -> list[tuple[float, str]]:
+    """benchmarks/residency.py's open stream by hand, replayed on its simulated clock (``replay``): one
+    GPU whose memory holds two of three 0.1 GB models (0.1 s loads), a call every 0.15 s of about
+    10 ms; for 4.5 s the mix is a, a, b, then b, c alternate. Returns each load: (time, model)."""
+    import sys
+    from pathlib import Path
 
-    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
-    from tangram_dask.policy.types import Load
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.residency import replay
 
-    cl = ClusterSpec("one-gpu", gpu_nodes=(GpuNode("g", 1, 0.2, (1,)),))
-    pol = TangramPolicy(cl, {m: ModelSpec(m, 0.1, load_s) for m in "abc"}, (), options=options)
-    stream = [(i * 0.15, "aab"[i % 3]) for i in range(30)] + [(4.5 + i * 0.15, "bc"[i % 2]) for i in range(30)]
-    heap = [(t, 1, i, m) for i, (t, m) in enumerate(stream)]  # (time, event, seq, payload); 0 ends, 2 loaded
-    heapq.heapify(heap)
-    loads: list[tuple[float, str]] = []
-    seq = len(stream)
-    while heap:
-        now = heap[0][0]
-        while heap and heap[0][0] == now:
-            _, ev, i, x = heapq.heappop(heap)
-            if ev == 1:
-                pol.submit(i, make_spec(f"score:{x}", "gpu", 1, model=x, hint_s=0.01), now)
-            elif ev == 0:
-                pol.finish(i, now, 0.01)
-            else:
-                pol.loaded(x, now)
-        for d in pol.schedule(now):
-            if isinstance(d, Start):
-                heapq.heappush(heap, (now + (load_s if d.load else 0.0) + 0.01, 0, d.action, None))
-                if d.load:
-                    loads.append((now, stream[d.action][1]))
-            elif isinstance(d, Load):
-                seq += 1
-                loads.append((now, d.model))
-                heapq.heappush(heap, (now + load_s, 2, seq, d.replica))
-    return loads
+    stream = [(i * 0.15, "rm-" + "aab"[i % 3]) for i in range(30)]
+    stream += [(4.5 + i * 0.15, "rm-" + "bc"[i % 2]) for i in range(30)]
+    loads, _ = replay("tangram", stream, gpus=1, per_gpu=2, load_s=0.1, call_s=0.01, hint_s=0.01, options=options)
+    return [(t, m[-1]) for t, m in loads]
 
 
 def test_a_model_reloaded_in_a_tenth_of_a_second_follows_a_shift_of_the_mix_within_seconds():
