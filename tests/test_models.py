@@ -141,6 +141,10 @@ def test_minilm_scores_on_the_cpu_with_its_real_parameter_bytes(env):
     m = models_snapshot(client)["measured"]["minilm"]
     assert m["warm_load_s"] == pytest.approx(again["load_s"]) == m["planned_load_s"]
     assert plugin.policy.models["minilm"].load_s == pytest.approx(again["load_s"])
+    # the measured load time also set the horizon its demand is read over: 20 loads' worth, within 30 s
+    pool = plugin.policy.pools["minilm"]
+    tau = max(again["load_s"], min(30.0, 20 * again["load_s"]))
+    assert pool.demand.tau == pytest.approx(tau) == pool.arrivals.tau
 
 
 def test_a_bad_loader_errs_the_action_that_needs_it_while_others_serve(env):
