@@ -1010,3 +1010,19 @@ def test_a_measured_load_time_moves_the_models_demand_horizon_and_keeps_its_rate
     assert pol.pools["mid"].demand.tau == pol.pools["mid"].arrivals.tau == 10.0
     assert pol.pools["mid"].demand.rate(0.0) == pytest.approx(before)
     assert pol.pools["mid"].demand.rate(10.0) == pytest.approx(before * math.exp(-1.0))
+
+
+def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_replica_at_once():
+    """A model declared to load in 1 ps gets a demand horizon of 20 ps, so one 10 s call reads as 5e11 busy
+    replicas. The Erlang-C count of replicas to keep (``_keep``) is not computed past the cluster's GPUs:
+    a demand of more replicas than that keeps every replica, at once. Before, Erlang C ran on as many
+    servers as the demand (5e11 terms): a hang that hypothesis found in
+    test_random_runs_with_background_loads_audit_clean."""
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+
+    cl = ClusterSpec("gpus", gpu_nodes=(GpuNode("g", 4, 80.0, (4,)),))
+    pol = TangramPolicy(cl, {"quick": ModelSpec("quick", 1.0, 1e-12)}, ())
+    pol.submit(0, make_spec("score", "gpu", 1, model="quick", hint_s=10.0), 0.0)
+    pol._now = 0.0
+    assert pol._busy("quick") > 1e11
+    assert pol._keep("quick") >= 4  # every replica it could have: none goes

@@ -1840,7 +1840,8 @@ class TangramPolicy(Policy):
             return need
         a = self._busy(model)
         c = max(need, 1)
-        while a > 0 and _erlang_wq(c, a, 1.0) > self.opt.evict_wait:
+        most = max(c, self.gpu.total)  # no model holds more replicas than GPUs: Erlang C is not run past that
+        while a > 0 and c < most and _erlang_wq(c, a, 1.0) > self.opt.evict_wait:
             c += 1
         return c
 
