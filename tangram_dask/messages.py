@@ -179,6 +179,8 @@ class ResidencyReport:
     ``bytes_per_gpu``: what the replica holds on each of its GPUs, as
     ``measured_by`` says (``cuda``: CUDA's allocated memory, before and after
     the load; ``params``: the model's parameter bytes, split over its GPUs).
+    For ``failed``: what the load measured it took though it did not fit (0
+    where the load failed before it was measured).
     ``param_bytes`` is the parameter bytes of the whole replica either way.
     ``free_bytes``: each of the worker's GPUs' free memory after the change.
     ``first``: this was the worker process's first load of the model, so

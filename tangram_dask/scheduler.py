@@ -676,6 +676,20 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             pol.loaded(replica, self.now())
             self._kick()
 
+    def replica_failed(self, worker: str, replica: int) -> None:
+        """A worker could not load a replica (it holds nothing for it): the policy's ledger lets it go."""
+        pol = self.policy
+        if pol is None:
+            return
+        r = pol.gpu.replicas.get(replica)
+        if r is not None and r.node == worker:
+            try:
+                pol.load_failed(replica, self.now())
+            except Exception:  # a policy bug must not take the scheduler's stream down: the replica stays
+                logger.exception("tangram: the policy could not drop replica %d after its failed load", replica)
+                self.stats.policy_errors += 1
+            self._kick()
+
     def _granted_annotations(self, own: dict | None, wire: tuple) -> dict:
         """The task's annotations with the grant beside the user's (whose spec dict is not copied).
 

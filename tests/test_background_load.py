@@ -188,3 +188,44 @@ def test_a_node_that_leaves_mid_load_takes_its_loading_replica_and_the_action_lo
     pol.add_gpu_node(GpuNode("gpu-new", 1, 80.0, (1,)))
     (again,) = pol.schedule(12.0)
     assert isinstance(again, Load) and again.node == "gpu-new" and again.replica != load.replica
+
+
+def test_a_background_load_that_did_not_fit_leaves_the_ledger_and_its_action_gets_a_new_load():
+    """The worker measured the replica bigger than its GPU's free memory and holds nothing
+    (``load_failed``): the replica leaves the ledger, its GPU is free again, and the action that wanted
+    it is not lost: the next pass loads again, with the model's measured size."""
+    from tangram_dask.cluster import ModelSpec
+
+    cl = make_cluster(cpu=[{"slots": 1}], gpu=[{"gpus": 1, "gpu_memory_gb": 80}])
+    spec = make_workload([kind("tool")], [kind("rA", "gpu", model="A"), kind("rB", "gpu", model="B")],
+                         models={"A": {"gpu_memory_gb": 10, "load_s": 10}, "B": {"gpu_memory_gb": 10, "load_s": 10}})
+    node = cl.gpu_nodes[0].name
+    pol = TangramPolicy(cl, spec.models, [ReplicaSpec("A", node, (0,))], options=BG)
+    pol.submit("b", ActionSpec("rB", "gpu", 1, 1, 0.0, 5.0, None, "B"), 0.0)
+    first = [d for d in pol.schedule(0.0) if isinstance(d, Load)]
+    assert len(first) == 1 and first[0].evict == ()  # declared 10 GB: it goes beside A's replica
+    pol.set_model(ModelSpec("B", 75.0, 10.0))  # the worker measured 75 GB: it did not fit beside A's 10
+    pol.load_failed(first[0].replica, 1.0)
+    assert first[0].replica not in pol.gpu.replicas and pol.gpu.idle == 1
+    assert pol.gpu.nodes[node].gpus[0].mem_free == pytest.approx(70.0) and not pol._loading
+    again = [d for d in pol.schedule(1.0) if isinstance(d, (Load, Start))]
+    assert len(again) == 1 and again[0].evict != ()  # now it evicts A's replica to make room
+    pol.load_failed(12345, 1.0)  # an unknown replica: nothing happens
+
+
+def test_an_inline_load_that_failed_leaves_the_ledger_when_its_action_ends():
+    """fifo loads inside the action: the failure is reported while the action holds the replica (and gets
+    the error), so the replica leaves the ledger when that action ends, not before."""
+    from tangram_dask.policy import FifoPolicy
+
+    cl = make_cluster(cpu=[{"slots": 1}], gpu=[{"gpus": 1, "gpu_memory_gb": 80}])
+    spec = make_workload([kind("tool")], [kind("rB", "gpu", model="B")], models={"B": {"gpu_memory_gb": 10,
+                                                                                       "load_s": 10}})
+    pol = FifoPolicy(cl, spec.models, [])
+    pol.submit("b", ActionSpec("rB", "gpu", 1, 1, 0.0, 5.0, None, "B"), 0.0)
+    (d,) = pol.schedule(0.0)
+    assert isinstance(d, Start) and d.load
+    pol.load_failed(d.replica, 0.5)
+    assert d.replica in pol.gpu.replicas  # held by the action, which errs on its worker
+    pol.finish("b", 0.6)
+    assert d.replica not in pol.gpu.replicas and pol.gpu.idle == 1

@@ -345,3 +345,21 @@ def test_gpu_remove_and_initial():
     pool.release(rid_h, 2.0)  # the replica's node left: harmless
     with pytest.raises(ValueError, match="already known"):
         pool.add(NODE)
+
+
+def test_a_measured_model_size_resizes_its_replicas_shares():
+    """``resize``: a replica placed at the declared 10 GB takes its measured 30 GB on each GPU's ledger; a GPU
+    whose declared free room is no longer there reads below 0 and takes nothing more until it frees."""
+    g = GpuPool((GpuNode("g", 2, 40.0, (2,)),))
+    a = g.place("a", "g", (0,), 10.0)
+    b = g.place("b", "g", (0,), 20.0)
+    big = g.place("big", "g", (0, 1), 20.0)  # 10 GB on each GPU
+    g.resize("a", 30.0)
+    assert g.replicas[a].share_gb == 30.0 and g.nodes["g"].gpus[0].mem_free == pytest.approx(40 - 30 - 20 - 10)
+    g.resize("big", 40.0)
+    assert g.replicas[big].share_gb == 20.0 and g.nodes["g"].gpus[1].mem_free == pytest.approx(20.0)
+    with pytest.raises(OverAllocation):
+        g.place("c", "g", (0,), 1.0)
+    g.evict(a)
+    g.evict(b)
+    assert g.nodes["g"].gpus[0].mem_free == pytest.approx(20.0)  # the ledger matches what is held again

@@ -139,6 +139,7 @@ class Replica:
     measured_by: str = ""
     load_s: float = 0.0
     first: bool = False  # the process's first load of this model (its load_s includes one-time costs)
+    took: int = 0  # a load measured but not kept (it did not fit): what it took on each GPU
     error: BaseException | None = None
     pins: set = field(default_factory=set)
     ready: threading.Event = field(default_factory=threading.Event)
@@ -380,8 +381,10 @@ class Residency:
                 r.bytes_per_gpu = 0
                 try:
                     self._take(r, per_gpu, "took")
-                except ModelError:
+                except ModelError:  # measured, though not kept: the report says what it took
                     scorer = None
+                    r.took, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
+                    r.first = r.model not in self._loaded
                     raise
                 r.bytes_per_gpu, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
                 r.first = r.model not in self._loaded
@@ -411,8 +414,9 @@ class Residency:
     def _report(self, r: Replica, state: str, error: str = "") -> None:
         with self._cond:
             free = tuple(c - u for c, u in zip(self.capacity, self.used))
+        held = r.took if state == FAILED else r.bytes_per_gpu
         try:
-            self.report(ResidencyReport(r.rid, r.model, state, r.gpus, r.bytes_per_gpu, r.param_bytes,
+            self.report(ResidencyReport(r.rid, r.model, state, r.gpus, held, r.param_bytes,
                                         r.measured_by, r.load_s, error, free, r.first))
         except Exception:  # reporting must never break residency
             logger.exception("tangram: could not report replica %d %s", r.rid, state)

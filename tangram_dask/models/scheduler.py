@@ -114,12 +114,21 @@ class SchedulerResidency:
         if r.state == "failed":
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
-        if r.state == "resident":
-            self._measured(r)
-        if r.state in ("resident", "failed"):
+        if r.state == "resident" or (r.state == "failed" and r.bytes_per_gpu > 0):
+            self._measured(r)  # a load that did not fit was measured too: the policy plans with its real size
+        if r.state == "failed" and r.bytes_per_gpu > 0:
+            # it did not fit: the policy's memory figures were wrong, not the model. The replica leaves the
+            # ledger, and the actions that wanted it are placed again with the measured size
+            failed = getattr(self.plugin, "replica_failed", None)
+            if failed is not None:
+                failed(worker, r.replica)
+        elif r.state in ("resident", "failed"):
+            # a background load (a Load decision) is over. One whose loader failed stays in the ledger: the
+            # action granted it retries the load and gets the loader's error (a broken model errs its own
+            # actions, and only those)
             ready = getattr(self.plugin, "replica_ready", None)
             if ready is not None:
-                ready(worker, r.replica)  # a background load (a Load decision) is over
+                ready(worker, r.replica)
         for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
             del self.replicas[addr]  # workers gone
         self.reconcile()

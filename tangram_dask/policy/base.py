@@ -76,6 +76,7 @@ class Policy:
         self._ready: list[Decision] = []
         self.decisions = 0
         self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
+        self._failed_loads: set[ReplicaId] = set()  # replicas whose load failed under the action holding them
         self.rejected = 0
         self._capacity = self._measure_capacity()
 
@@ -214,9 +215,28 @@ class Policy:
         self._nodes_changed()
 
     def set_model(self, model: ModelSpec) -> None:
-        """A model was registered, or its memory or load time measured: later decisions use it."""
+        """A model was registered, or its memory or load time measured: later decisions use it, and its
+        replicas in the ledger take the measured memory."""
         self.models[model.name] = model
+        self.gpu.resize(model.name, model.gpu_memory_gb)
         self._nodes_changed(models_changed=True)
+
+    def load_failed(self, replica: ReplicaId, now: float) -> None:
+        """The worker could not load ``replica`` and holds nothing for it: it leaves the ledger, at once
+        where no action holds it, else when the action that held it (and got the load's error) ends.
+        Safe for an unknown replica."""
+        r = self.gpu.replicas.get(replica)
+        if r is None:
+            return
+        if r.busy and not r.loading:
+            self._failed_loads.add(replica)
+            return
+        self.gpu.loaded(replica, now)  # a background load: its GPUs are free again
+        self.gpu.evict(replica)
+        self._replica_gone(replica, now)
+
+    def _replica_gone(self, replica: ReplicaId, now: float) -> None:
+        """A replica left the ledger other than by this policy's own eviction (its load failed)."""
 
     def rehome(self, trajectory: str, node: str) -> None:
         """A trajectory's state was moved to ``node`` (e.g. off a worker being retired)."""
@@ -273,6 +293,11 @@ class Policy:
             self.api.give(r.units)
         else:
             self.gpu.release(r.replica, now)
+            if self._failed_loads and r.replica in self._failed_loads:  # its load failed while it held it
+                self._failed_loads.discard(r.replica)
+                if r.replica in self.gpu.replicas:
+                    self.gpu.evict(r.replica)
+                    self._replica_gone(r.replica, now)
 
     def _start_cpu(self, aid: ActionId, spec: ActionSpec, node: str, k: int, now: float,
                    est_s: float = 0.0, taken: bool = False) -> Start:

@@ -279,6 +279,19 @@ class GpuPool:
         del self.by_model[r.model][rid]
         self.ready[r.model].pop(rid, None)
 
+    def resize(self, model: str, model_gb: float) -> None:
+        """``model``'s memory was measured: each of its replicas' share becomes ``model_gb`` over its GPUs. Where
+        the declared share was smaller, a GPU's free memory may go below 0: nothing more is placed there until
+        replicas leave (the worker holds only what fits, so the ledger again matches it once they do)."""
+        for rid in self.by_model.get(model, ()):
+            r = self.replicas[rid]
+            share = model_gb / len(r.gpus)
+            st = self.nodes.get(r.node)
+            if st is not None:
+                for i in r.gpus:
+                    st.gpus[i].mem_free += r.share_gb - share
+            r.share_gb = share
+
     def initial(self, replicas: list[ReplicaSpec], models: dict) -> None:
         for rs in replicas:
             if rs.node in self.nodes:

@@ -1391,6 +1391,11 @@ class TangramPolicy(Policy):
         self._loading.pop(replica, None)
         self._gpu_freed()
 
+    def _replica_gone(self, replica: ReplicaId, now: float) -> None:
+        self._loading.pop(replica, None)
+        self._unpaid.pop(replica, None)
+        self._gpu_freed()
+
     def _gpu_freed(self) -> None:
         """GPUs or a replica became free: every model with actions waiting may use them."""
         for name, pool in self.pools.items():
