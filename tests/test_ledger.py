@@ -363,3 +363,6 @@ def test_a_measured_model_size_resizes_its_replicas_shares():
     g.evict(a)
     g.evict(b)
     assert g.nodes["g"].gpus[0].mem_free == pytest.approx(20.0)  # the ledger matches what is held again
+    g.resize("big", 8.0)  # declared larger than it is: the room it does not take is free again
+    assert g.nodes["g"].gpus[0].mem_free == pytest.approx(36.0) == g.nodes["g"].gpus[1].mem_free
+    g.resize("nobody", 1.0)  # a model with no replica: nothing to do
