@@ -379,15 +379,15 @@ class Residency:
                 for g in r.gpus:
                     self.used[g] -= r.bytes_per_gpu
                 r.bytes_per_gpu = 0
+                r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
+                r.first = r.model not in self._loaded
                 try:
                     self._take(r, per_gpu, "took")
-                except ModelError:  # measured, though not kept: the report says what it took
+                except ModelError:  # it did not fit: the report says what it took
                     scorer = None
-                    r.took, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
-                    r.first = r.model not in self._loaded
+                    r.took = per_gpu
                     raise
-                r.bytes_per_gpu, r.param_bytes, r.measured_by, r.load_s = per_gpu, pb, by, load_s
-                r.first = r.model not in self._loaded
+                r.bytes_per_gpu = per_gpu
                 self._loaded.add(r.model)
                 r.scorer, r.state = scorer, RESIDENT
                 self.stats.loads += 1

@@ -114,11 +114,12 @@ class SchedulerResidency:
         if r.state == "failed":
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
-        if r.state == "resident" or (r.state == "failed" and r.bytes_per_gpu > 0):
+        did_not_fit = r.state == "failed" and r.bytes_per_gpu > 0  # a load measured, then refused for room
+        if r.state == "resident" or did_not_fit:
             self._measured(r)  # a load that did not fit was measured too: the policy plans with its real size
-        if r.state == "failed" and r.bytes_per_gpu > 0:
-            # it did not fit: the policy's memory figures were wrong, not the model. The replica leaves the
-            # ledger, and the actions that wanted it are placed again with the measured size
+        if did_not_fit:
+            # the policy's memory figures were wrong, not the model. The replica leaves the ledger, and the
+            # actions that wanted it are placed again with the measured size
             failed = getattr(self.plugin, "replica_failed", None)
             if failed is not None:
                 failed(worker, r.replica)

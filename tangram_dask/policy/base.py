@@ -232,6 +232,10 @@ class Policy:
             self._failed_loads.add(replica)
             return
         self.gpu.loaded(replica, now)  # a background load: its GPUs are free again
+        self._drop_failed(replica, now)
+
+    def _drop_failed(self, replica: ReplicaId, now: float) -> None:
+        """A replica whose load failed leaves the ledger (idle now)."""
         self.gpu.evict(replica)
         self._replica_gone(replica, now)
 
@@ -296,8 +300,7 @@ class Policy:
             if self._failed_loads and r.replica in self._failed_loads:  # its load failed while it held it
                 self._failed_loads.discard(r.replica)
                 if r.replica in self.gpu.replicas:
-                    self.gpu.evict(r.replica)
-                    self._replica_gone(r.replica, now)
+                    self._drop_failed(r.replica, now)
 
     def _start_cpu(self, aid: ActionId, spec: ActionSpec, node: str, k: int, now: float,
                    est_s: float = 0.0, taken: bool = False) -> Start:
