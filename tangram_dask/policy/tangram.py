@@ -149,6 +149,10 @@ class TangramOptions:
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
                                 # GPUs, on a site that evicts nothing with demand and blocks no busy model
+    grow: float = 0.0           # >0 (with residency and background_load): load a larger replica (up to units.max,
+                                # within one group) of a model with demand on idle GPUs, replacing smaller ones of
+                                # it, when its actions' seconds saved over this x its horizon beat the waiting the
+                                # load adds (Erlang C) to every model whose replicas it evicts or blocks
 
 
 class Pending(tuple):
@@ -347,6 +351,8 @@ class TangramPolicy(Policy):
         self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec
         self._site_score: tuple | None = None  # _load_site's score of the site it chose (residency)
         self.loads_ahead = 0  # Load decisions made (background_load)
+        self._grow_at: dict[str, float] = {}  # grow: per model, when next to look for a larger replica
+        self.grows = 0  # Load decisions made by grow
 
     def pool(self, spec: ActionSpec) -> Pool:
         name = spec.model if spec.resource == "gpu" else spec.resource
@@ -461,7 +467,7 @@ class TangramPolicy(Policy):
             pool.demand.add(now, est)
             if self.opt.load_ahead or self.opt.evict_wait:
                 pool.arrivals.add(now, 1.0)
-                if self.opt.load_ahead:
+                if self.opt.load_ahead or self.opt.grow:
                     self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
@@ -575,6 +581,8 @@ class TangramPolicy(Policy):
             self._drain_gpus(gpu, now, out)
         if self.opt.load_ahead and self.opt.background_load and self.gpu.idle:
             self._plan_ahead(now, out)
+        if self.opt.grow and self.opt.background_load and self.opt.residency and self.gpu.idle:
+            self._plan_grow(now, out)
 
     def _guarded(self, aid: ActionId, p: Pending, decide, *args) -> None:
         """Run one decision for ``aid`` (already out of its queue): all or nothing.
@@ -1444,6 +1452,114 @@ class TangramPolicy(Policy):
                 continue
             self._begin_load(model, site, now, out)
 
+    def _plan_grow(self, now: float, out: list[Decision]) -> None:
+        """``grow``: a larger replica of a model with demand, loaded in the background on idle GPUs.
+
+        Replicas are loaded at ``units.min``'s size where memory is short, and ``_load_site`` grows a
+        new one only onto GPUs that cost nothing more. Where GPUs then sit idle, a model's actions run
+        on fewer units than they could: a replica of ``k`` GPUs (the largest within ``units.max`` and
+        one topology group) runs each of them ``s(k0) - s(k)`` seconds faster, less the price of the
+        extra GPU-seconds at the cluster's GPU occupancy (``_units``' rule). Over ``grow`` x the
+        model's horizon, at its arrival rate, that must beat what the load costs in waiting: for each
+        model whose replicas the load evicts (idle ones of the same model, or of a model with no
+        demand) or holds for ``load_s`` (those that stay on its GPUs), its arrival rate x ``load_s``
+        x the rise of its Erlang C wait on the replicas left. A model left with fewer replicas than
+        ``_keep`` (its last one, say) is never touched, nor one deployed and not seen yet. Large
+        replicas are added while fewer than keep the model's wait at the large size under
+        ``evict_wait`` of its work (Erlang C), one load of the model at a time; each model is looked
+        at once a second at most.
+        """
+        gp = self.gpu
+        self._now = now
+        rho = (gp.total - gp.idle) / max(gp.total, 1)
+        price = self.opt.price * rho / (1.0 - rho) if rho < 1.0 else math.inf
+        for model, pool in self.pools.items():
+            if pool.resource != "gpu" or not gp.idle or self._grow_at.get(model, -math.inf) > now:
+                continue
+            self._grow_at[model] = now + 1.0
+            spec = self._ahead_spec.get(model)
+            if spec is None or spec.parallel_fraction == 0.0 or spec.units_max <= spec.units_min:
+                continue
+            a = pool.demand.rate(now)
+            n = pool.arrivals.rate(now)
+            if a <= 0 or n <= 0 or now - pool.arrivals.t0 < pool.demand.tau or gp.loading_of(model):
+                continue  # no demand, or not measured over a horizon yet, or a load of it under way
+            ms = self.models[model]
+            s0 = a / n  # mean work per action on units.min
+            best = None
+            for name, st in gp.nodes.items():
+                k0 = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
+                k = min(spec.units_max, max(st.spec.groups))
+                if k <= k0:
+                    continue
+                s_k = s0 * spec.scale(k)
+                s_k0 = s0 * spec.scale(k0)
+                net = (s_k0 - s_k) - price * (k * s_k - k0 * s_k0)
+                if net <= 0:
+                    continue
+                big = sum(1 for rid in gp.by_model[model] if len(gp.replicas[rid].gpus) >= k)
+                want = 1
+                while _erlang_wq(want, n * s_k, s_k) > self.opt.evict_wait * s_k and want < gp.total:
+                    want += 1
+                if big >= want:
+                    continue
+                saved = n * net * self.opt.grow * pool.demand.tau
+                site = self._grow_site(model, name, st, k, saved)
+                if site is not None and (best is None or site[0] < best[0]):
+                    best = site
+            if best is not None:
+                self._begin_load(model, best[1:], now, out)
+                self.grows += 1
+
+    def _grow_site(self, model: str, name: str, st, k: int, saved: float) -> tuple | None:
+        """``grow``'s site for a ``k``-GPU replica of ``model`` on node ``name``: ``(cost, node, GPUs,
+        evicted)``, the one whose load costs the least waiting, if under ``saved``; else None.
+
+        Only GPUs of one group, idle and unclaimed, beside no load, no replica of the model as large
+        (two replicas on the same GPUs serve one at a time: it would add nothing) and no replica of
+        another model with demand or deployed and not seen yet (each large action would block it).
+        It may evict the model's smaller replicas (not one loaded and not paid back yet) and replicas
+        of models with no demand. The cost: the model's replicas there (evicted, or held by the load)
+        are gone for ``load_s``; its arrival rate x ``load_s`` x the rise of its Erlang C wait on the
+        replicas left, and none of them may go where that leaves fewer than ``_keep``.
+        """
+        gp = self.gpu
+        ms = self.models[model]
+        now = self._now
+        share = ms.gpu_memory_gb / k
+        pool = self.pools[model]
+        a, n = pool.demand.rate(now), pool.arrivals.rate(now)
+        c = len(gp.by_model[model])
+        keep = self._keep(model)
+        best = None
+        for gpus, cands in self._idle_sites(name, st, k):
+            order, lost, fits = [], 0, True
+            for rid in sorted(cands):
+                r = gp.replicas[rid]
+                if r.loading:
+                    fits = False
+                elif r.model == model:
+                    lost += 1
+                    fits = len(r.gpus) < k
+                    if rid not in self._unpaid:
+                        order.append(rid)
+                elif self._needed(r.model, now) > 0 or self._unseen_deployed(r.model):
+                    fits = False
+                else:
+                    order.append(rid)
+                if not fits:
+                    break
+            if not fits or (lost and c - lost < keep):
+                continue
+            order.sort(key=lambda rid: (gp.replicas[rid].model == model, len(gp.replicas[rid].gpus), rid))
+            plan = gp.eviction_plan(name, gpus, share, order)
+            if plan is None:
+                continue
+            cost = n * ms.load_s * (_erlang_wq(c - lost, a, a / n) - _erlang_wq(c, a, a / n)) if lost else 0.0
+            if cost < saved and (best is None or (cost, len(plan)) < (best[0], len(best[3]))):
+                best = (cost, name, gpus, plan)
+        return best
+
     def _ready_replica(self, model: str, spec: ActionSpec, end: float | None = None) -> ReplicaId | None:
         """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
         replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
@@ -1520,36 +1636,24 @@ class TangramPolicy(Policy):
         best = None
         for name, st, k in self._replica_shapes(ms, spec)[0]:
             share = ms.gpu_memory_gb / k
-            start = 0
-            for g, size in enumerate(st.spec.groups):
-                if st.idle_in_group[g] >= k:
-                    idle = [i for i in range(start, start + size) if not st.gpus[i].busy]
-                    if self._claims:  # a load holds its GPUs long: never on a claimed one
-                        idle = [i for i in idle if (name, i) not in self._claims]
-                        if len(idle) < k:
-                            start += size
-                            continue
-                    idle.sort(key=lambda i: -st.gpus[i].mem_free)
-                    gpus = tuple(sorted(idle[:k]))
-                    cands = {rid for i in gpus for rid in st.gpus[i].replicas}
-                    order = self._evict_order(cands, waiting)
-                    plan = gp.eviction_plan(name, gpus, share, order)
-                    if plan is not None and self.opt.residency:
-                        stalls = self._stalls(cands, plan)
-                        if stalls and not self._loader_starved:
-                            plan = None  # it would block another model's only replica for the whole load
-                    if plan is not None:
-                        if self.opt.residency:
-                            score = (stalls, len(plan), self._contention(cands, plan), -k)
-                            if best is None or score < best[0]:
-                                best = (score, name, gpus, plan)
-                        else:
-                            score = len(plan)
-                            if best is None or score < best[0]:
-                                best = (score, name, gpus, plan)
-                                if score == 0:
-                                    return name, gpus, plan
-                start += size
+            for gpus, cands in self._idle_sites(name, st, k):
+                order = self._evict_order(cands, waiting)
+                plan = gp.eviction_plan(name, gpus, share, order)
+                if plan is not None and self.opt.residency:
+                    stalls = self._stalls(cands, plan)
+                    if stalls and not self._loader_starved:
+                        plan = None  # it would block another model's only replica for the whole load
+                if plan is not None:
+                    if self.opt.residency:
+                        score = (stalls, len(plan), self._contention(cands, plan), -k)
+                        if best is None or score < best[0]:
+                            best = (score, name, gpus, plan)
+                    else:
+                        score = len(plan)
+                        if best is None or score < best[0]:
+                            best = (score, name, gpus, plan)
+                            if score == 0:
+                                return name, gpus, plan
         if best is None:
             best = self._spanning_site(model, spec, waiting)
         elif self.opt.residency:
@@ -1561,6 +1665,22 @@ class TangramPolicy(Policy):
                     self._waited_site = free
                     return None
         return None if best is None else best[1:]
+
+    def _idle_sites(self, name: str, st, k: int):
+        """Per topology group of node ``name`` with ``k`` idle GPUs that no head claims (a load holds its
+        GPUs long: never on a claimed one): ``(GPUs, replicas on them)``, the ``k`` with the most free memory."""
+        claims = self._claims
+        start = 0
+        for g, size in enumerate(st.spec.groups):
+            lo, start = start, start + size
+            if st.idle_in_group[g] < k:
+                continue
+            idle = [i for i in range(lo, start) if not st.gpus[i].busy and not (claims and (name, i) in claims)]
+            if len(idle) < k:
+                continue
+            idle.sort(key=lambda i: -st.gpus[i].mem_free)
+            gpus = tuple(sorted(idle[:k]))
+            yield gpus, {rid for i in gpus for rid in st.gpus[i].replicas}
 
     def _free_site(self, ms, spec: ActionSpec) -> tuple[str, tuple[int, ...], float] | None:
         """``site_wait``: the GPUs of one topology group with memory for the smallest replica of ``ms``
