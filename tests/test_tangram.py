@@ -1012,17 +1012,22 @@ def test_a_measured_load_time_moves_the_models_demand_horizon_and_keeps_its_rate
     assert pol.pools["mid"].demand.rate(10.0) == pytest.approx(before * math.exp(-1.0))
 
 
-def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_replica_at_once():
-    """A model declared to load in 1 ps gets a demand horizon of 20 ps, so one 10 s call reads as 5e11 busy
-    replicas. The Erlang-C count of replicas to keep (``_keep``) is not computed past the cluster's GPUs:
-    a demand of more replicas than that keeps every replica, at once. Before, Erlang C ran on as many
-    servers as the demand (5e11 terms): a hang that hypothesis found in
-    test_random_runs_with_background_loads_audit_clean."""
+@pytest.mark.parametrize("load_s", [1e-12, 2.225073858507e-311])
+def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_replica_at_once(load_s):
+    """A model declared to load in 1 ps (or in a denormal 2e-311 s) reads one 10 s call, at the instant it
+    comes, as thousands of busy replicas: the rate is bias-corrected over the first millisecond of a demand
+    horizon of at least 1 s (``_MIN_DEMAND_S``). The Erlang-C count of replicas to keep (``_keep``) is not
+    computed past the cluster's GPUs: a demand of more replicas than that keeps every replica, at once.
+    Before, Erlang C ran on as many servers as the demand (5e11 terms at 1 ps, a horizon of 20 ps): a hang
+    that hypothesis found in test_random_runs_with_background_loads_audit_clean; and at 2e-311 s the
+    horizon was 4e-310 s, the demand infinite, and ``_keep`` raised OverflowError (found by hypothesis
+    with load_ahead and grow on)."""
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
 
     cl = ClusterSpec("gpus", gpu_nodes=(GpuNode("g", 4, 80.0, (4,)),))
-    pol = TangramPolicy(cl, {"quick": ModelSpec("quick", 1.0, 1e-12)}, ())
+    pol = TangramPolicy(cl, {"quick": ModelSpec("quick", 1.0, load_s)}, ())
     pol.submit(0, make_spec("score", "gpu", 1, model="quick", hint_s=10.0), 0.0)
     pol._now = 0.0
-    assert pol._busy("quick") > 1e11
+    assert pol.pools["quick"].demand.tau == 1.0
+    assert 4 < pol._busy("quick") < math.inf
     assert pol._keep("quick") >= 4  # every replica it could have: none goes

@@ -366,11 +366,13 @@ class TangramPolicy(Policy):
         of its ``load_s`` (a model reloaded in 0.1 s follows a shift of the mix over seconds; with 30 s, a
         model called in the first half of a 10 s stream still outranked one called now, and two others
         took turns evicting each other), and at least its ``load_s`` (a replica pays back only after its
-        load: a burst shorter than that is not demand for one)."""
+        load: a burst shorter than that is not demand for one). Not under ``_MIN_DEMAND_S`` by the load
+        rule: a model declared to load in 2e-311 s read a demand horizon of 4e-310 s, and one call as
+        infinite demand (hypothesis found it: ``math.ceil`` of it raised in ``_keep``)."""
         load_s = self.models[model].load_s
         h = self.opt.horizon_s
         if self.opt.demand_loads > 0 and load_s > 0:  # a model declared to load in no time keeps horizon_s
-            h = min(h, self.opt.demand_loads * load_s)
+            h = min(h, max(self.opt.demand_loads * load_s, _MIN_DEMAND_S))
         return max(h, load_s)
 
     def set_model(self, model: ModelSpec) -> None:
@@ -2007,6 +2009,10 @@ class TangramPolicy(Policy):
                                  self._shortfall(pool), name, pool.qmin,
                                  round(pool.qwork, 6)))
         return out
+
+
+#: The shortest demand horizon the load rule gives (``_demand_tau``): over less, one call is a burst.
+_MIN_DEMAND_S = 1.0
 
 
 def _erlang_wq(c: int, a: float, s: float) -> float:
