@@ -8,7 +8,7 @@ Sections: ``files`` (the standard workload on cluster-standard and
 cluster-tight, and the GPU-bound variant files, all three policies, with
 ``--parity``; its figures are ``tangram-dask bench ... --plot``'s) and one
 per variant family of ``benchmarks/variants.py`` (``std``, ``gpu``,
-``tail``). Every figure is what the code in the working tree measures when
+``tail``, ...). Every figure is what the code in the working tree measures when
 this runs; the doc's header names the commit and whether the code had
 uncommitted changes.
 """
@@ -267,6 +267,8 @@ ABOUT = {
     "gpux": "More GPU-bound seeds over the four GPU cluster shapes of `gpu`.",
     "live": "The live benchmark's files (`small.yaml` on `cluster-laptop.yaml`, what `bench --live` runs) on "
             "8 seeds: 32 trajectories, 16 CPU slots, 4 GPUs.",
+    "api": "API-heavy steps (`resources/variants/api-heavy.yaml` on `cluster-api.yaml` and other quotas): most "
+           "tool calls and most rewards hold API tokens, which static binds one per trajectory.",
 }
 
 

@@ -13,6 +13,10 @@
 - ``small``: small steps (48-64 trajectories) on the GPU-bound, heavy-tail
   and standard workloads, where most of the step passes before the
   admission gate has learned anything.
+- ``api``: API-heavy steps (``resources/variants/api-heavy.yaml`` on
+  ``cluster-api.yaml``): most tool calls and most rewards hold tokens of an
+  API quota (static binds one per trajectory), a batched call on 2 tokens,
+  few code executions; seeds, quota, load, tails, mix and steps vary.
 - ``demo`` (by name only, not in ``all``): the shape of ``tangram-dask demo``
   (16 trajectories, mostly LLM generation, on 4 CPU slots and 2 GPUs;
   ``resources/variants/demo-like.yaml``), three seeds: the whole step passes
@@ -21,7 +25,7 @@
 Prints one line per variant with the ratios the targets are stated in, then
 min/mean/max of each ratio per family. Not a test: figures to read.
 
-    python benchmarks/variants.py [--family std,gpu,tail,small,gpux,demo] [--quick] [-j 2] [-o key=value ...]
+    python benchmarks/variants.py [--family std,gpu,tail,small,gpux,live,api,demo] [--quick] [-j 2] [-o key=value ...]
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from tangram_dask.policy import TangramOptions  # noqa: E402
 from tangram_dask.workload import generate, parse_workload  # noqa: E402
 
 BENCH = ROOT / "resources" / "bench"
-FAMILIES = ("std", "gpu", "tail", "small", "gpux", "live")  # "all"; demo only by name (not in docs/benchmarks.md)
+FAMILIES = ("std", "gpu", "tail", "small", "gpux", "live", "api")  # "all"; demo by name only (not in the docs)
 
 
 def _yaml(path: Path) -> dict:
@@ -215,6 +219,36 @@ def live_family(quick: bool) -> list[tuple[dict, dict]]:
     return [(_with(w0, f"live-seed{s}", seed=s), c0) for s in ((11,) if quick else (11, 1, 2, 3, 4, 5, 6, 7))]
 
 
+def api_family(quick: bool) -> list[tuple[dict, dict]]:
+    """API-heavy steps: calls with no elastic size, against a quota that static binds per trajectory."""
+    w0 = _yaml(ROOT / "resources" / "variants" / "api-heavy.yaml")
+    c0 = _yaml(ROOT / "resources" / "variants" / "cluster-api.yaml")
+    c_tight = _with(c0, "api-tight", api={"tokens": 12})
+    c_wide = _with(c0, "api-wide", api={"tokens": 64}, cpu={"nodes": [{"count": 2, "slots": 32}]})
+
+    def tails(d):  # page fetches and batched calls with heavy tails
+        d["tools"][1]["duration_s"]["sigma"] = 1.5
+        d["tools"][3]["duration_s"]["sigma"] = 1.5
+
+    def batch_heavy(d):  # the 2-token batched call on a third of the turns
+        for t, w in zip(d["tools"], (0.30, 0.15, 0.25, 0.30)):
+            t["weight"] = w
+
+    def gpu_judged(d):  # most rewards on the GPU judge
+        d["rewards"][0]["weight"] = 0.3
+        d["rewards"][1]["weight"] = 0.7
+    out = [(_with(w0, "api-seed61", seed=61), c0),
+           (_with(w0, "api-seed62", seed=62), c0),
+           (_with(w0, "api-tight", seed=63, trajectories=96), c_tight),
+           (_with(w0, "api-wide", seed=64, trajectories=256), c_wide)]
+    if not quick:
+        out += [(_with(w0, "api-tail", seed=65, hint_sigma=1.6, steps=2, train_time_s=20, _=tails), c0),
+                (_with(w0, "api-batch", seed=66, _=batch_heavy), c0),
+                (_with(w0, "api-gpu-judge", seed=67, _=gpu_judged), c0),
+                (_with(w0, "api-steps-3", seed=68, steps=3, train_time_s=30, trajectories=96), c0)]
+    return out
+
+
 def demo_family(quick: bool) -> list[tuple[dict, dict]]:
     """The shape of ``tangram-dask demo``: trajectories idle in LLM generation most of the time."""
     w0 = _yaml(ROOT / "resources" / "variants" / "demo-like.yaml")
@@ -224,7 +258,7 @@ def demo_family(quick: bool) -> list[tuple[dict, dict]]:
 
 def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
     return {"std": std_family, "gpu": gpu_family, "tail": tail_family, "small": small_family,
-            "gpux": gpux_family, "live": live_family, "demo": demo_family}[name](quick)
+            "gpux": gpux_family, "live": live_family, "api": api_family, "demo": demo_family}[name](quick)
 
 
 COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
@@ -250,7 +284,7 @@ def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="std",
-                    help="comma-separated: std, gpu, tail, small, gpux, live, demo (or all)")
+                    help="comma-separated: std, gpu, tail, small, gpux, live, api, demo (or all)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parity", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1)
