@@ -1031,3 +1031,31 @@ def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_repli
     assert pol.pools["quick"].demand.tau == 1.0
     assert 4 < pol._busy("quick") < math.inf
     assert pol._keep("quick") >= 4  # every replica it could have: none goes
+
+
+def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_less():
+    """``open_share`` (opt-in): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
+    12 trajectories, not one per slot (32), then follows what the first actions hold; the API calls issued
+    in the first 50 s wait less than half as long (measured 99 s -> under 20 s), and every action runs."""
+    import yaml
+
+    from tangram_dask.cluster import parse_cluster
+    from tangram_dask.workload import generate, parse_workload
+
+    wd = yaml.safe_load(open("resources/variants/api-heavy.yaml"))
+    wd.update(seed=63, trajectories=96)
+    cd = yaml.safe_load(open("resources/variants/cluster-api.yaml"))
+    cd["api"]["tokens"] = 12
+    wl, cl = parse_workload(wd, "api-tight"), parse_cluster(cd, "api-tight")
+    gen = generate(wl)
+    share = simulate(gen, cl, "tangram", options=TangramOptions(open_share=1.0))
+    plain = simulate(gen, cl, "tangram")
+    assert sum(t == 0.0 for t, _ in share.admits()) == 12
+    assert sum(t == 0.0 for t, _ in plain.admits()) == 32
+    api = {i for i, k in enumerate(wl.kinds) if k.resource == "api"}
+
+    def early_api_wait(run):
+        iss = run.result.issue
+        return sum(t - iss[a] for a, (t, _) in run.starts().items() if gen.kind[a] in api and iss[a] < 50.0)
+    assert early_api_wait(share) < 0.5 * early_api_wait(plain)
+    assert len(share.starts()) == len(gen.kind)

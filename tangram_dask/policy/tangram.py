@@ -149,6 +149,9 @@ class TangramOptions:
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
                                 # GPUs, on a site that evicts nothing with demand and blocks no busy model
+    open_share: float = 0.0     # >0 (opt-in; for API-heavy steps): the opening, before anything is learned, is one
+                                # trajectory per API token as well as per CPU slot, then, once 4 actions were seen,
+                                # per unit of what the actions seen hold of each (static binds a token per trajectory)
     grow: float = 0.0           # >0 (with residency and background_load): load a larger replica (up to units.max,
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
@@ -318,6 +321,7 @@ class TangramPolicy(Policy):
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
+        self.turn_count_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # units submitted, per resource
         self.model_work: dict[str, float] = {}  # per model: replica-seconds submitted (at units.min)
         self.cpu_at_max = 0.0  # CPU unit-seconds submitted, each action at units.max (admission_knee)
         self.gpu_calls = 0  # GPU actions submitted by trajectories (admission_gpu_lean)
@@ -445,6 +449,7 @@ class TangramPolicy(Policy):
             self.turn_time.add(t_u)
             res = spec.resource
             self.turn_units[res] += t_u * u
+            self.turn_count_units[res] += u
             if res == "gpu":
                 self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_u
                 self.gpu_calls += 1
@@ -621,6 +626,8 @@ class TangramPolicy(Policy):
                     max_wait = opt.admission_cycles * cycle
             else:
                 limit = max(self.cpu.slots, 1)  # nothing learned yet: one trajectory per slot
+                if opt.open_share:
+                    limit = self._open_share(limit)
             self._limit = (limit, max_wait)
             self._limit_dirty = False
         limit, max_wait = self._limit
@@ -664,6 +671,27 @@ class TangramPolicy(Policy):
             out.append(Admit(t))
         if not queue:
             self._m_prev = None  # nobody waits: the time until somebody does is not measured
+
+    def _open_share(self, limit: float) -> float:
+        """``open_share``: the opening per unit of the CPU slots and of the API quota alike, then, once 4
+        actions were seen, per unit of what the actions seen hold of each on average (units.min).
+
+        One trajectory per CPU slot presumes trajectories use the CPU. Where most calls hold API tokens,
+        that puts more trajectories in flight than there are tokens: on ``api-tight`` (32 slots, 12
+        tokens) 99 of the 144 s its API calls waited fell in the first 50 s, and its ACT was 1.03x
+        static's (which binds a token per trajectory, so its calls never wait). Measured and not the
+        default (docs/scheduling.md, Tried and not kept, session 13): the standard file's opening halves
+        until 4 actions are seen, and its parity moves by a grid point."""
+        caps = {"cpu": self.cpu.slots, "api": self.api.total}
+        n = self.turn_time.n
+        if n < 4:
+            return max(min([limit] + [c for c in caps.values() if c > 0]), 1)
+        out = limit
+        for res, cap in caps.items():
+            k = self.turn_count_units[res] / n
+            if k > 0 and cap > 0:
+                out = min(out, cap / k)
+        return max(out, 1)
 
     def _learned(self) -> bool:
         """Enough turns seen (16 LLM gaps, 16 actions) for the admission limit to be learned from them."""
