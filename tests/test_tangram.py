@@ -638,7 +638,7 @@ def test_an_elephant_is_told_before_its_kind_has_8_estimates():
 # the defaults before the per-model gate (``admission_model``, ``admission_open``, ``plan_loads``,
 # ``admission_gpu_lean``) and ``load_one`` were on by default on clusters that lean to GPUs: the tests
 # below measure rules against the default of their time
-_BEFORE_LEAN = dict(admission_model=0.0, load_one=0.0, pair_floor=0.0)  # the defaults of their time
+_BEFORE_LEAN = dict(admission_model=0.0, load_one=0.0, pair_floor=0.0, open_share=0.0)  # the defaults of their time
 
 
 def test_admission_ramp_opens_with_16_trajectories():
@@ -1034,7 +1034,7 @@ def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_repli
 
 
 def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_less():
-    """``open_share`` (opt-in): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
+    """``open_share`` (the default): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
     12 trajectories, not one per slot (32), then follows what the first actions hold; the API calls issued
     in the first 50 s wait less than half as long (measured 99 s -> under 20 s), and every action runs."""
     import yaml
@@ -1048,8 +1048,8 @@ def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_l
     cd["api"]["tokens"] = 12
     wl, cl = parse_workload(wd, "api-tight"), parse_cluster(cd, "api-tight")
     gen = generate(wl)
-    share = simulate(gen, cl, "tangram", options=TangramOptions(open_share=1.0))
-    plain = simulate(gen, cl, "tangram")
+    share = simulate(gen, cl, "tangram")
+    plain = simulate(gen, cl, "tangram", options=TangramOptions(open_share=0.0))
     assert sum(t == 0.0 for t, _ in share.admits()) == 12
     assert sum(t == 0.0 for t, _ in plain.admits()) == 32
     api = {i for i, k in enumerate(wl.kinds) if k.resource == "api"}
