@@ -153,6 +153,9 @@ class TangramOptions:
                                 # as per CPU slot, then, once 4 actions were seen, per unit of what the actions seen
                                 # hold of each (static binds a token per trajectory); 0: one per CPU slot. Not where
                                 # the per-model gate opens (admission_model, on a cluster that leans to GPUs)
+    api_whole: float = 1.0      # 1: the gate's API term past the warm-up reads a trajectory's API work as its tool
+                                # calls (from every one issued) x its tool turns (from the hazard of ending) plus its
+                                # last call (from those that ended); 0: from the ended trajectories alone
     grow: float = 0.0           # >0 (with residency and background_load): load a larger replica (up to units.max,
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
@@ -328,10 +331,11 @@ class TangramPolicy(Policy):
         self.gpu_calls = 0  # GPU actions submitted by trajectories (admission_gpu_lean)
         self.gpu_tools = 0  # of those, the ones their trajectory issued another action after (tools, not rewards)
         self._gpu_last: set[str] = set()  # trajectories in flight whose last action was a GPU action
-        # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions]; summed when it ends
+        # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions, its last action's api
+        # unit-seconds, its last action's seconds]; summed when it ends (api_whole reads the last two)
         self.traj_work: dict[str, list[float]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
-        self.ended_work = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
         self.turn_time = Welford()  # expected action time at units.max
         self.last_end: dict[str, float] = {}
@@ -459,10 +463,12 @@ class TangramPolicy(Policy):
                 self.cpu_at_max += est * spec.scale(spec.units_max) * spec.units_max
             acc = self.traj_work.get(traj)
             if acc is None:
-                acc = self.traj_work[traj] = [0.0, 0.0, 0.0, 0.0, 0.0]
+                acc = self.traj_work[traj] = [0.0] * 7
             acc[_RES[res]] += t_u * u
             acc[3] += t_u
             acc[4] += 1
+            acc[5] = t_u * u if res == "api" else 0.0  # the last action so far (at the end: the reward)
+            acc[6] = t_u
         if est > 0:
             log_est = math.log(est)
             w = self.ests.get(spec.kind)
@@ -877,14 +883,18 @@ class TangramPolicy(Policy):
             n = 1.0 if 1.0 > w[4] else w[4]
             cycle = self.gaps.mean + w[3] / n
             x0, x1, x2 = w[0] / n, w[1] / n, w[2] / n
+            c2 = cycle
+            if opt.api_whole and w[2] > 0:
+                x2, c2 = self._api_whole(x2, c2)
         else:
             n = self.turn_time.n or 1  # max(n, 1): n is a count
             u = self.turn_units
             x0, x1, x2 = u["cpu"] / n, u["gpu"] / n, u["api"] / n
+            c2 = cycle
         cap0 = opt.admission * slots
         cap1 = a_gpu * self.gpu.total if a_gpu else 0.0
         cap2 = a_gpu * self.api.total if a_gpu else 0.0
-        c0 = c2 = cycle
+        c0 = cycle
         if opt.admission_issued:
             cap0 = opt.admission_issued * slots
             # The trajectories that ended first are the short ones: their tool work per action is
@@ -928,6 +938,33 @@ class TangramPolicy(Policy):
             # rewards come last: until whole trajectories were seen, the demand per action misses them
             limit = min(limit, self._warmup_cap())
         return limit
+
+    def _api_whole(self, x2: float, c2: float) -> tuple[float, float]:
+        """``api_whole``: a trajectory's API unit-seconds and its length in action cycles, without the bias of
+        the trajectories that ended first (the short ones; ``(x2, c2)`` from them, as is, where nothing else
+        is known yet).
+
+        A trajectory is its tool turns, then its last action (the reward). The last actions are read from
+        the trajectories that ended (one each, whatever their length); the tool calls from every action
+        issued but those (unbiased per call); the tool turns per trajectory from the hazard of ending
+        (every turn issued so far, in flight or ended, over the trajectories that ended: the estimate of a
+        geometric count's mean that counts the ones still running). From the ended ones alone, on the
+        ``api`` family's ``api-batch`` (2-token batched calls on the long trajectories, most of the short
+        ones' work a 1-token judge) the limit read 33 trajectories at the end of the warm-up and fell to 25
+        as longer ones ended; the 15 admitted at once waited 125 s in all for tokens. The GPU term keeps
+        its biased figure: there the bias is a tighter gate early in the step, which the GPU-bound steps
+        need (gpu ACT/ideal 1.431 -> 1.532 without it, docs/scheduling.md).
+        """
+        w = self.ended_work
+        m = self.ended_n
+        tools = self.turn_time.n - m
+        if m <= 0 or tools <= 0:
+            return x2, c2
+        turns = tools / m
+        g = self.gaps.mean
+        t_tool = (self.turn_time.mean * self.turn_time.n - w[6]) / tools
+        api_tool = (self.turn_units["api"] - w[5]) / tools
+        return (turns * api_tool + w[5] / m) / (turns + 1.0), g + (turns * t_tool + w[6] / m) / (turns + 1.0)
 
     def _warmup_cap(self) -> float:
         """Before ``admission_warmup`` trajectories have ended, at most one trajectory in flight per
