@@ -145,8 +145,8 @@ def test_tangram_beats_static_on_act_and_step(name):
 
 def test_on_the_api_heavy_file_tangram_beats_static_on_both_and_fifo_on_act():
     """benchmarks/variants.py's "api" family, its base file: static's calls never wait (it binds a token per
-    trajectory), so tangram's ACT wins only by the code executions' second slot (0.987x static's, step 0.48x).
-    Its step is over fifo's (1.26x: fifo admits everyone, its ACT 2.1x tangram's): docs/scheduling.md,
+    trajectory), so tangram's ACT wins only by the code executions' second slot (0.984x static's, step 0.51x).
+    Its step is over fifo's (1.33x: fifo admits everyone, its ACT 2.1x tangram's): docs/scheduling.md,
     Measured, session 13."""
     wd, cd = _load("../variants/api-heavy.yaml"), _load("../variants/cluster-api.yaml")
     gen = generate(parse_workload(wd, "api-heavy"))
