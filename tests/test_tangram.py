@@ -1037,14 +1037,16 @@ def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_l
     """``open_share`` (the default): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
     12 trajectories, not one per slot (32), then follows what the first actions hold; the API calls issued
     in the first 50 s wait less than half as long (measured 99 s -> under 20 s), and every action runs."""
+    from pathlib import Path
+
     import yaml
 
     from tangram_dask.cluster import parse_cluster
     from tangram_dask.workload import generate, parse_workload
 
-    wd = yaml.safe_load(open("resources/variants/api-heavy.yaml"))
+    wd = yaml.safe_load(Path("resources/variants/api-heavy.yaml").read_text())
     wd.update(seed=63, trajectories=96)
-    cd = yaml.safe_load(open("resources/variants/cluster-api.yaml"))
+    cd = yaml.safe_load(Path("resources/variants/cluster-api.yaml").read_text())
     cd["api"]["tokens"] = 12
     wl, cl = parse_workload(wd, "api-tight"), parse_cluster(cd, "api-tight")
     gen = generate(wl)
@@ -1067,16 +1069,18 @@ def test_api_whole_reads_the_api_demand_of_whole_trajectories_not_of_the_short_o
     judge. Read from the ended ones alone, the API limit jumped to 33 trajectories when the warm-up ended
     and the 15 admitted at once waited for tokens: ACT 1.018x static's. From every call issued and the
     hazard of ending, it reads 17-18 from the end of the warm-up on: ACT 0.990x."""
+    from pathlib import Path
+
     import yaml
 
     from tangram_dask.cluster import parse_cluster
     from tangram_dask.workload import generate, parse_workload
 
-    wd = yaml.safe_load(open("resources/variants/api-heavy.yaml"))
+    wd = yaml.safe_load(Path("resources/variants/api-heavy.yaml").read_text())
     wd["seed"] = 66
     for t, w in zip(wd["tools"], (0.30, 0.15, 0.25, 0.30)):
         t["weight"] = w
-    cl = parse_cluster(yaml.safe_load(open("resources/variants/cluster-api.yaml")), "api")
+    cl = parse_cluster(yaml.safe_load(Path("resources/variants/cluster-api.yaml").read_text()), "api")
     gen = generate(parse_workload(wd, "api-batch"))
     static = simulate(gen, cl, "static", audit=False)
     whole = simulate(gen, cl, "tangram")

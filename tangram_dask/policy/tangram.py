@@ -1570,9 +1570,7 @@ class TangramPolicy(Policy):
                 if net <= 0:
                     continue
                 big = sum(1 for rid in gp.by_model[model] if len(gp.replicas[rid].gpus) >= k)
-                want = 1
-                while _erlang_wq(want, n * s_k, s_k) > self.opt.evict_wait * s_k and want < gp.total:
-                    want += 1
+                want = _servers(n * s_k, 1, max(1, gp.total), self.opt.evict_wait)
                 if big >= want:
                     continue
                 saved = n * net * self.opt.grow * pool.demand.tau
@@ -2035,12 +2033,9 @@ class TangramPolicy(Policy):
         need = math.ceil(self._needed(model, self._now))
         if not self.opt.evict_wait:
             return need
-        a = self._busy(model)
         c = max(need, 1)
-        most = max(c, self.gpu.total)  # no model holds more replicas than GPUs: Erlang C is not run past that
-        while a > 0 and c < most and _erlang_wq(c, a, 1.0) > self.opt.evict_wait:
-            c += 1
-        return c
+        # no model holds more replicas than GPUs: Erlang C is not run past that
+        return _servers(self._busy(model), c, max(c, self.gpu.total), self.opt.evict_wait)
 
     # -- snapshot ---------------------------------------------------------------------
     def _queued(self) -> dict[str, int]:
@@ -2083,6 +2078,14 @@ class TangramPolicy(Policy):
 
 #: The shortest demand horizon the load rule gives (``_demand_tau``): over less, one call is a burst.
 _MIN_DEMAND_S = 1.0
+
+
+def _servers(a: float, c: int, most: int, wait: float) -> int:
+    """The fewest servers from ``c`` up (at most ``most``) on which an offered load of ``a`` busy ones waits,
+    on average, at most ``wait`` x its mean work (Erlang C); ``c`` for no load."""
+    while a > 0 and c < most and _erlang_wq(c, a, 1.0) > wait:
+        c += 1
+    return c
 
 
 def _erlang_wq(c: int, a: float, s: float) -> float:
