@@ -247,9 +247,21 @@ class ForkServer:
         before = descendants()
         main = threading.current_thread() is threading.main_thread()
         old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        # The server imports torch (the reward model's preload) before any nanny sets a worker's environment,
+        # and torch sizes its thread pool at import: with the nannies' pre-spawn environment (OMP_NUM_THREADS=1
+        # and the like) only in the workers, each worker ran torch on every core, two rewards at once on 2 cores
+        # oversubscribed. The server starts with that environment, as a nanny would give it.
+        pre = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
+        saved = {k: os.environ.get(k) for k in pre}
+        os.environ.update(pre)
         try:
             forkserver.ensure_running()
         finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
             if old is not None:
                 signal.signal(signal.SIGINT, old)
         self.started = {p: t for p, t in descendants().items()

@@ -127,6 +127,34 @@ def test_demo_json_figures_are_sane(tmp_path):
     assert width > 100 and height > 100
 
 
+# -- the fork server ----------------------------------------------------------------------------------------
+def test_fork_server_starts_with_the_nannies_environment():
+    """The fork server imports the reward model's packages before any nanny sets a worker's environment, and torch
+    sizes its thread pool at import: it starts with ``distributed.nanny.pre-spawn-environ`` (OMP_NUM_THREADS=1 and
+    the like), as a nanny's worker would, so each worker's torch runs one thread per Dask thread rather than one per
+    core (workers read ``torch.get_num_threads()`` 2 on this 2-core machine before, 1 after). The demo's own
+    environment is left as it was. In a subprocess: the forkserver is one per process."""
+    code = (
+        "import json, os, dask\n"
+        "from pathlib import Path\n"
+        "from tangram_dask.demo import ForkServer\n"
+        "os.environ.pop('OMP_NUM_THREADS', None)\n"
+        "with ForkServer([]) as fs:\n"
+        "    envs = [dict(e.split('=', 1) for e in Path(f'/proc/{p}/environ').read_text().split('\\0') if '=' in e)\n"
+        "            for p in fs.started]\n"
+        "want = {k: str(v) for k, v in dask.config.get('distributed.nanny.pre-spawn-environ').items()}\n"
+        "print(json.dumps({'servers': [{k: e.get(k) for k in want} for e in envs], 'want': want,\n"
+        "                  'after': os.environ.get('OMP_NUM_THREADS')}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["servers"], "no fork server was started"
+    assert got["want"].get("OMP_NUM_THREADS") == "1"
+    assert all(env == got["want"] for env in got["servers"]), got
+    assert got["after"] is None  # the demo's own environment is restored
+
+
 # -- Ctrl-C ---------------------------------------------------------------------------------------------------
 def test_ctrl_c_stops_it_and_leaves_no_process(tmp_path):
     """SIGINT to the whole process group half-way through the first rollout (what a terminal's Ctrl-C
@@ -170,3 +198,4 @@ def test_ctrl_c_stops_it_and_leaves_no_process(tmp_path):
     show("after exit: processes of the demo still alive", left)
     show("after exit: processes in the demo's session", session)
     assert not left and not session
+
