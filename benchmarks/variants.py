@@ -20,7 +20,8 @@
 - ``demo`` (by name only, not in ``all``): the shape of ``tangram-dask demo``
   (16 trajectories, mostly LLM generation, on 4 CPU slots and 2 GPUs;
   ``resources/variants/demo-like.yaml``), three seeds: the whole step passes
-  before the gate has learned anything.
+  before the gate has learned anything; and the demo as it runs live
+  (``demo-live.yaml``: whole LLM delays, the reward as long as it is live), three seeds.
 
 Prints one line per variant with the ratios the targets are stated in, then
 min/mean/max of each ratio per family. Not a test: figures to read.
@@ -250,10 +251,15 @@ def api_family(quick: bool) -> list[tuple[dict, dict]]:
 
 
 def demo_family(quick: bool) -> list[tuple[dict, dict]]:
-    """The shape of ``tangram-dask demo``: trajectories idle in LLM generation most of the time."""
+    """The shape of ``tangram-dask demo``: trajectories idle in LLM generation most of the time
+    (``demo-like.yaml``), and the demo as it runs live (``demo-live.yaml``: whole LLM delays, the reward
+    as long as it is live in a crowd)."""
     w0 = _yaml(ROOT / "resources" / "variants" / "demo-like.yaml")
+    w1 = _yaml(ROOT / "resources" / "variants" / "demo-live.yaml")
     c0 = _yaml(ROOT / "resources" / "variants" / "cluster-demo.yaml")
-    return [(_with(w0, f"demo-seed{s}", seed=s), c0) for s in ((0,) if quick else (0, 1, 2))]
+    seeds = (0,) if quick else (0, 1, 2)
+    return ([(_with(w0, f"demo-seed{s}", seed=s), c0) for s in seeds]
+            + [(_with(w1, f"demo-live-seed{s}", seed=s), c0) for s in seeds])
 
 
 def family(name: str, quick: bool) -> list[tuple[dict, dict]]:

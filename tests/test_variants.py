@@ -158,18 +158,20 @@ def test_on_the_api_heavy_file_tangram_beats_static_on_both_and_fifo_on_act():
     assert t["act_mean_s"] < 0.6 * f["act_mean_s"]
 
 
-def test_the_demo_shape_runs_and_tangram_keeps_its_act():
-    """resources/variants/demo-like.yaml on cluster-demo.yaml, the shape of ``tangram-dask demo``
-    (docs/scheduling.md, Known limits): valid files, no over-allocation, tangram's ACT below fifo's.
-    Its step is not claimed: the gate's warm-up holds it at about 2.4x fifo's."""
+@pytest.mark.parametrize("name, actions", [("demo-like", 112), ("demo-live", 64)])
+def test_the_demo_shape_runs_and_tangram_keeps_its_act(name, actions):
+    """resources/variants/demo-like.yaml and demo-live.yaml on cluster-demo.yaml, the shapes of ``tangram-dask
+    demo`` (docs/scheduling.md, Known limits): valid files, no over-allocation, tangram's ACT below fifo's.
+    The step is not claimed: on demo-like (half-length LLM delays) it is about fifo's since idle admission,
+    on demo-live (the demo as it runs live) 1.3-1.5x fifo's, as live (the gate's warm-up and its GPU term)."""
     variants = BENCH.parent / "variants"
-    wd = yaml.safe_load((variants / "demo-like.yaml").read_text())
+    wd = yaml.safe_load((variants / f"{name}.yaml").read_text())
     cd = yaml.safe_load((variants / "cluster-demo.yaml").read_text())
-    gen = generate(parse_workload(wd, "demo-like"))
+    gen = generate(parse_workload(wd, name))
     cluster = parse_cluster(cd, cd["name"])
     t = simulate(gen, cluster, "tangram", audit=True)
     f = simulate(gen, cluster, "fifo", audit=True)
-    assert t["actions"] == f["actions"] == 112
+    assert t["actions"] == f["actions"] == actions
     assert t["act_mean_s"] < f["act_mean_s"], (t["act_mean_s"], f["act_mean_s"])
 
 
