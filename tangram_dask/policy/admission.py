@@ -24,7 +24,13 @@ from .types import Admit, Decision
 
 
 class AdmissionGate:
-    """The gate: ``_admit`` admits the trajectories that wait while ``_admission_limit`` allows."""
+    """The gate: ``_admit`` admits the trajectories that wait while ``_admission_limit`` allows.
+
+    Reads what the events learned (``gaps``, ``turn_time``, ``turn_units``, ``turn_count_units``,
+    ``cpu_at_max``, ``model_work``, ``gpu_calls``, ``gpu_tools``, ``ended_work``, ``ended_n``) and the
+    queues; changes ``admission_queue``, ``admitted``, ``fresh`` and its own cache of the limit (``_limit``,
+    ``_limit_dirty``, ``_binds``, ``_lim_other``, ``_idle_at``, ``admission_measured``'s ``_m_*``).
+    """
 
     def _admit(self, now: float, out: list[Decision]) -> None:
         """Admit trajectories while the expected demand on each resource stays under its target (Little's law).

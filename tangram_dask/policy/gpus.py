@@ -23,7 +23,11 @@ from .types import ActionId, Decision, ReplicaId
 
 
 class GpuPlacement:
-    """Drain the models' queues onto ready replicas; begin the loads the residency rules ask for."""
+    """Drain the models' queues onto ready replicas; begin the loads the residency rules ask for.
+
+    Reads the GPU ledger and the models; changes the GPU pools, the claims of one drain pass
+    (``_claims``), the replicas loading (``_loading``) and those loaded and not yet paid back (``_unpaid``).
+    """
 
     def _drain_gpus(self, pools: list[Pool], now: float, out: list[Decision]) -> None:
         """``gpu_merge``: the models' queues as one: the head with the smallest key (aging x issue time +

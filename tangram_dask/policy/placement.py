@@ -30,7 +30,12 @@ _HOME = object()  # _fit_cpu's answer: wait at the trajectory's home
 
 
 class Placement:
-    """Phases 2 to 5 for the CPU pool and the API pool."""
+    """Phases 2 to 5 for the CPU pool and the API pool.
+
+    Reads the estimates (``est``, ``ests``, ``all_ests``), the slot-release rate and the ledger; changes
+    the pools, the reservations (``reserved``, ``res_deadlines``, ``freed_res``) and the actions waiting
+    at home (``home_wait``, ``home_deadlines``, ``freed_nodes``).
+    """
 
     def _drain_cpu(self, pool: Pool, now: float, out: list[Decision]) -> None:
         if self.reserved:

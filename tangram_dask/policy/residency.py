@@ -31,7 +31,14 @@ _MIN_DEMAND_S = 1.0
 
 
 class Residency:
-    """Where and when replicas load, and which ones may go."""
+    """Where and when replicas load, and which ones may go.
+
+    Reads each GPU pool's demand and arrival rates, the GPU ledger, the replicas deployed before the step
+    (``_deployed``) and loaded and not yet paid back (``_unpaid``). The loads it decides on are begun by
+    :meth:`~.gpus.GpuPlacement._begin_load`; its own state is its notes of one decision (``_loader_density``,
+    ``_loader_starved``, ``_site_score``, ``_waited_site``), the replica shapes per model (``_shapes``) and
+    what ``load_ahead`` and ``grow`` keep (``_ahead_spec``, ``_grow_at``, ``grows``).
+    """
 
     def _plan_ahead(self, now: float, out: list[Decision]) -> None:
         """``load_ahead``: a replica for the demand to come, loaded before any action waits for it.
