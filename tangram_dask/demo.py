@@ -725,6 +725,24 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compare(results: list[dict[str, Any]]) -> str | None:
+    """One line on tangram against fifo, from the figures (None unless both ran): the ratios of mean ACT and
+    of the step, and, where tangram held trajectories back, how long and what that trades."""
+    by = {r["policy"]: r for r in results}
+    t, f = by.get("tangram"), by.get("fifo")
+    if t is None or f is None or not f["act_mean_s"] or not f["step_s"]:
+        return None
+    act, step = t["act_mean_s"] / f["act_mean_s"], t["step_s"] / f["step_s"]
+    line = f"tangram against fifo: ACT {act:.2f}x, step {step:.2f}x."
+    wait = t["admission_wait_mean_s"]
+    if wait is not None and wait >= 0.01:
+        line += (f" tangram's gate held each trajectory {wait:.2f} s on average before admitting it, so that"
+                 f" its actions queue less")
+        line += (": here the step pays for it (docs/scheduling.md, Known limits, small steps)."
+                 if step > 1 else ".")
+    return line
+
+
 def write_png(results: list[dict[str, Any]], path: Path, title: str) -> str | None:
     """The ACT distributions (one panel per kind, an ECDF per policy); None when matplotlib is missing."""
     try:
@@ -860,6 +878,9 @@ def demo(ctx: click.Context, trajectories: int, turns: int, seed: int, policies:
     else:
         rows = list(report["policies"].values())
         click.echo(format_table(rows))
+        line = compare(rows)
+        if line:
+            click.echo(line)
         click.echo(f"ACT: mean (p95) per action, submit to result. {report['rollout']['canonical_choices']} of "
                    f"{report['rollout']['test_runs']} test runs were of a canonical solution. Reward model "
                    f"{report['reward_model']['source']}.")

@@ -127,6 +127,23 @@ def test_demo_json_figures_are_sane(tmp_path):
     assert width > 100 and height > 100
 
 
+def test_the_line_under_the_table_reads_the_figures():
+    """``compare``: tangram's ACT and step as ratios of fifo's, and the admission wait with what it trades, only
+    where the figures say so (the step is said to pay only when tangram's is longer)."""
+    from tangram_dask.demo import compare
+
+    def fig(policy, act, step, wait):
+        return {"policy": policy, "act_mean_s": act, "step_s": step, "admission_wait_mean_s": wait}
+
+    slower = compare([fig("tangram", 0.1, 3.0, 0.9), fig("fifo", 0.2, 2.0, 0.0)])
+    assert slower.startswith("tangram against fifo: ACT 0.50x, step 1.50x.")
+    assert "held each trajectory 0.90 s" in slower and "the step pays" in slower
+    faster = compare([fig("tangram", 0.1, 1.8, 0.5), fig("fifo", 0.2, 2.0, 0.0)])
+    assert "step 0.90x" in faster and "held each trajectory 0.50 s" in faster and "pays" not in faster
+    assert "held" not in compare([fig("tangram", 0.1, 2.0, 0.0), fig("fifo", 0.2, 2.0, 0.0)])
+    assert compare([fig("tangram", 0.1, 2.0, 0.9)]) is None  # --policies tangram: nothing to compare
+
+
 # -- the fork server ----------------------------------------------------------------------------------------
 def test_fork_server_starts_with_the_nannies_environment():
     """The fork server imports the reward model's packages before any nanny sets a worker's environment, and torch
