@@ -249,8 +249,8 @@ class ForkServer:
         old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         # The server imports torch (the reward model's preload) before any nanny sets a worker's environment,
         # and torch sizes its thread pool at import: with the nannies' pre-spawn environment (OMP_NUM_THREADS=1
-        # and the like) only in the workers, each worker ran torch on every core, two rewards at once on 2 cores
-        # oversubscribed. The server starts with that environment, as a nanny would give it.
+        # and the like) only in the workers, each worker's torch ran a thread per core. The server starts with
+        # that environment, as a nanny would give it.
         pre = {k: str(v) for k, v in (dask.config.get("distributed.nanny.pre-spawn-environ") or {}).items()}
         saved = {k: os.environ.get(k) for k in pre}
         os.environ.update(pre)
@@ -737,7 +737,7 @@ def compare(results: list[dict[str, Any]]) -> str | None:
     wait = t["admission_wait_mean_s"]
     if wait is not None and wait >= 0.01:
         line += (f" tangram's gate held each trajectory {wait:.2f} s on average before admitting it, so that"
-                 f" its actions queue less")
+                 " its actions queue less")
         line += (": here the step pays for it (docs/scheduling.md, Known limits, small steps)."
                  if step > 1 else ".")
     return line
