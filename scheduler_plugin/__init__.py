@@ -5,6 +5,7 @@ come from the ``tangram.scheduler`` dask config (for example
 ``DASK_TANGRAM__SCHEDULER__API_TOKENS=8``) or from these flags:
 
     dask scheduler --preload scheduler_plugin --tangram-policy fifo --tangram-api-tokens 8
+    dask scheduler --preload scheduler_plugin --tangram-option admission-knee=0.9 --tangram-option grow=1
 
 Installing it again (a second preload, ``client.register_plugin``) is a no-op.
 """
@@ -27,9 +28,26 @@ register_bokeh_apps()
               help="scheduling policy (default: tangram.scheduler.policy, else tangram)")
 @click.option("--tangram-api-tokens", default=None, type=int, help="API quota tokens held by the scheduler")
 @click.option("--tangram-pipeline", default=None, type=int, help="extra units per CPU node to dispatch ahead")
+@click.option("--tangram-option", "tangram_options", multiple=True, metavar="KNOB=VALUE",
+              help="a knob of the tangram policy (repeatable), e.g. --tangram-option grow=1 "
+                   "(default: tangram.scheduler.policy-options)")
 def dask_setup(scheduler: Any, tangram_policy: str | None = None, tangram_api_tokens: int | None = None,
-               tangram_pipeline: int | None = None) -> None:
+               tangram_pipeline: int | None = None, tangram_options: tuple[str, ...] = ()) -> None:
     from tangram_dask.scheduler import TangramSchedulerPlugin
 
-    plugin = TangramSchedulerPlugin(tangram_policy, api_tokens=tangram_api_tokens, pipeline=tangram_pipeline)
+    from tangram_dask.errors import ConfigError
+
+    knobs = None
+    if tangram_options:
+        knobs = {}
+        for pair in tangram_options:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ConfigError("--tangram-option", pair, f"{pair!r}: expected KNOB=VALUE, e.g. grow=1")
+            try:
+                knobs[key] = float(value)
+            except ValueError:
+                knobs[key] = value  # PluginOptions names it: not a number
+    plugin = TangramSchedulerPlugin(tangram_policy, api_tokens=tangram_api_tokens, pipeline=tangram_pipeline,
+                                    policy_options=knobs)
     scheduler.add_plugin(plugin, name=plugin.name, idempotent=True)

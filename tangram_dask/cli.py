@@ -17,7 +17,6 @@ heavy dependency does not slow every command) or call
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from importlib import import_module
@@ -25,7 +24,7 @@ from typing import Any, Sequence
 
 import click
 
-from .errors import TangramError
+from .errors import ConfigError, TangramError
 
 PROGRESS_MIN_ACTIONS = 100_000
 PROG = "tangram-dask"
@@ -106,21 +105,25 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def _options(ctx: click.Context, param: click.Parameter, pairs: Sequence[str]) -> Any:
-    """``-o KEY=VALUE`` pairs as TangramOptions (None when none is given)."""
+    """``-o KEY=VALUE`` pairs as TangramOptions (None when none is given); the knobs are read as the
+    ``tangram.scheduler.policy-options`` config key is (:func:`tangram_dask.options.policy_options`)."""
+    from .options import policy_options
     from .policy import TangramOptions
 
     fields = TangramOptions.__dataclass_fields__
-    kw: dict[str, float] = {}
+    raw: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in fields:
+        if not sep:
             raise click.BadParameter(f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
         try:
-            kw[key] = float(value)
+            raw[key] = float(value)
         except ValueError:
             raise click.BadParameter(f"{pair!r}: {value!r} is not a number") from None
-        if not math.isfinite(kw[key]):
-            raise click.BadParameter(f"{pair!r}: {value!r} is not a finite number")
+    try:
+        kw = policy_options(raw, "-o")
+    except ConfigError as e:
+        raise click.BadParameter(str(e)) from None
     return TangramOptions(**kw) if kw else None
 
 

@@ -2,12 +2,14 @@
 
 The fields are the keys of ``tangram.scheduler`` in tangram.yaml with ``-``
 spelled ``_`` (a test holds the three together: this class, tangram.yaml and
-tangram-schema.yaml), plus ``tangram``, the tangram policy's knobs, which
-only code passes. :meth:`PluginOptions.from_config` validates the effective
-config (``tangram_dask.config.validate("scheduler")``) and reads every key
-with the shipped default beneath it, so the plugin starts with the right
-options even where dask's config was reset to a snapshot taken before
-tangram_dask was imported.
+tangram-schema.yaml), plus ``tangram``, the tangram policy's knobs as a
+``TangramOptions``, which only code passes; the config gives the same knobs
+by name (``policy-options``), and the two are not given together.
+:meth:`PluginOptions.from_config` validates the effective config
+(``tangram_dask.config.validate("scheduler")``) and reads every key with the
+shipped default beneath it, so the plugin starts with the right options even
+where dask's config was reset to a snapshot taken before tangram_dask was
+imported.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class PluginOptions:
     makes the policy see ``wall seconds / time_scale`` (benchmarks that run a
     workload faster than real time). ``pipeline`` overbooks each CPU node by
     that many units so the scheduler can hand a worker its next action before
-    the current one ends (see docs/placement.md, "Pipelining").
+    the current one ends (see docs/placement.md, "Pipelining"). ``policy_options``
+    names knobs of the tangram policy (``{"grow": 1.0}``); ``__post_init__`` makes
+    them the ``tangram`` options, every other knob at its default.
     """
 
     policy: str = "tangram"
@@ -57,6 +61,7 @@ class PluginOptions:
     cross_group_slowdown: float = 1.0
     trajectory_ttl_s: float = 3600.0
     wait_for_capacity: bool = False
+    policy_options: Mapping[str, float] = field(default_factory=dict)
     tangram: TangramOptions | None = None
 
     def __post_init__(self) -> None:
@@ -65,7 +70,7 @@ class PluginOptions:
                               f"{self.policy!r}: the live plugin runs {' or '.join(LIVE_POLICIES)} "
                               f"(static binds whole trajectories; simulate it)")
         for f in fields(self):
-            if f.name not in CODE_ONLY and f.name not in ("policy", "models", "replicas"):
+            if f.name not in CODE_ONLY and f.name not in ("policy", "models", "replicas", "policy_options"):
                 _check_field(f.name, getattr(self, f.name))
         if not isinstance(self.models, Mapping) or not all(isinstance(m, ModelSpec) for m in self.models.values()):
             raise ConfigError("tangram.scheduler.models", self.models,
@@ -75,6 +80,14 @@ class PluginOptions:
                               "must map GPU worker names to [[model, [gpu, ...]], ...]")
         if self.tangram is not None and not isinstance(self.tangram, TangramOptions):
             raise ConfigError("tangram", self.tangram, "must be a TangramOptions (the tangram policy's knobs)")
+        knobs = policy_options(self.policy_options)
+        object.__setattr__(self, "policy_options", knobs)
+        if knobs:
+            if self.tangram is not None:
+                raise ConfigError("tangram.scheduler.policy-options", dict(knobs),
+                                  "the tangram policy's knobs are given twice: by this key and by tangram= "
+                                  "(a TangramOptions, from code); give one")
+            object.__setattr__(self, "tangram", TangramOptions(**knobs))
 
     @classmethod
     def from_config(cls, **overrides: Any) -> PluginOptions:
@@ -101,6 +114,27 @@ class PluginOptions:
         kw["models"] = dict(models)
         kw["replicas"] = _replicas(kw["replicas"] or {})
         return cls(**kw)
+
+
+def policy_options(raw: Any, where: str = "tangram.scheduler.policy-options") -> dict[str, float]:
+    """The tangram policy's knobs by name (``TangramOptions`` fields, ``-`` or ``_``), each a finite number >= 0,
+    as a dict of field names to floats; a ConfigError names the first bad knob or value."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where, raw, "must map knobs of the tangram policy to numbers, e.g. {grow: 1}")
+    known = TangramOptions.__dataclass_fields__
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_") if isinstance(key, str) else key
+        at = f"{where}.{key}" if where.startswith("tangram.") else f"{where} {key}"
+        if name not in known:
+            raise ConfigError(at, value, f"{key!r} is not a knob of the tangram policy (knobs, with - or _: "
+                                         f"{', '.join(known)})")
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
+            raise ConfigError(at, value, f"{value!r} is not a finite number >= 0")
+        out[name] = float(value)
+    return out
 
 
 def _is_number(v: Any) -> bool:

@@ -199,11 +199,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                  time_scale: float | None = None, pipeline: int | None = None,
                  warm_start_s: float | None = None, cold_start_s: float | None = None,
                  cross_group_slowdown: float | None = None, tangram: TangramOptions | None = None,
-                 options: PluginOptions | None = None):
+                 policy_options: Mapping[str, float] | None = None, options: PluginOptions | None = None):
         self.options = options or PluginOptions.from_config(
             policy=policy, models=models, api_tokens=api_tokens, replicas=replicas, time_scale=time_scale,
             pipeline=pipeline, warm_start_s=warm_start_s, cold_start_s=cold_start_s,
-            cross_group_slowdown=cross_group_slowdown, tangram=tangram)
+            cross_group_slowdown=cross_group_slowdown, tangram=tangram, policy_options=policy_options)
         self.scheduler: Any = None
         self.policy: Policy | None = None
         self.actions: dict[Hashable, Action] = {}

@@ -15,6 +15,7 @@ from tangram_dask import config
 from tangram_dask.cluster import ModelSpec
 from tangram_dask.errors import ConfigError, TangramError
 from tangram_dask.options import CODE_ONLY, PluginOptions
+from tangram_dask.policy import TangramOptions
 from tangram_dask.scheduler import PluginOptions as ReExported
 
 
@@ -142,6 +143,12 @@ BAD_CONFIG = [
      "tangram.scheduler.wait-for-capacity", "'on' is not true or false"),
     ("replica-not-a-pair", {"tangram.scheduler.replicas": {"g0": [["rm"]]}}, "scheduler",
      "tangram.scheduler.replicas.g0[0]", "['rm']"),
+    ("policy-option-a-word", {"tangram.scheduler.policy-options": {"grow": "on"}}, "scheduler",
+     "tangram.scheduler.policy-options.grow", "'on' is not a number"),
+    ("policy-option-negative", {"tangram.scheduler.policy-options": {"admission": -1}}, "scheduler",
+     "tangram.scheduler.policy-options.admission", "below the minimum 0"),
+    ("policy-options-a-list", {"tangram.scheduler.policy-options": ["grow"]}, "scheduler",
+     "tangram.scheduler.policy-options", "is not a mapping"),
 ]
 
 
@@ -207,6 +214,27 @@ def test_the_preload_installs_the_plugin_when_dask_config_lacks_tangram(snapshot
         assert plugin.options == PluginOptions()
 
 
+def test_a_pod_sets_the_policys_knobs_with_an_environment_variable(snapshot_without_tangram):
+    """``DASK_TANGRAM__SCHEDULER__POLICY_OPTIONS='{"grow": 1}'``, as dask reads it (``collect_env``), into a config
+    that never had tangram's defaults: the key is spelled ``policy_options`` there, and still read."""
+    env = dask.config.collect_env({"DASK_TANGRAM__SCHEDULER__POLICY_OPTIONS": '{"grow": 1, "admission-knee": 0.9}'})
+    dask.config.config["tangram"] = env["tangram"]
+    assert PluginOptions.from_config().tangram == TangramOptions(grow=1.0, admission_knee=0.9)
+
+
+def test_the_preload_sets_the_policys_knobs_from_its_flags():
+    """``dask scheduler --preload scheduler_plugin --tangram-option admission-knee=0.9 --tangram-option grow=1``:
+    the live policy runs with them (and every other knob at its default)."""
+    from distributed import LocalCluster
+
+    argv = ["--tangram-option", "admission-knee=0.9", "--tangram-option", "grow=1"]
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0",
+                      scheduler_kwargs={"preload": ["scheduler_plugin"], "preload_argv": argv}) as cluster:
+        plugin = cluster.scheduler.plugins["tangram"]
+        assert plugin.options.tangram == TangramOptions(admission_knee=0.9, grow=1.0)
+        assert plugin.policy.opt == TangramOptions(admission_knee=0.9, grow=1.0)
+
+
 # -- PluginOptions: defined once --------------------------------------------------------------
 def test_plugin_options_fields_are_the_scheduler_keys():
     names = {f.name for f in fields(PluginOptions)} - CODE_ONLY
@@ -245,6 +273,29 @@ def test_from_config_validates_first(cfg, key):
         with pytest.raises(ConfigError) as info:
             PluginOptions.from_config()
     assert info.value.key == key
+
+
+def test_policy_options_set_the_tangram_policys_knobs_from_the_config():
+    """``tangram.scheduler.policy-options``: knobs of the tangram policy by name, with - or _ (a pod sets them with
+    ``DASK_TANGRAM__SCHEDULER__POLICY_OPTIONS='{"grow": 1}'``); the ones not named keep their defaults."""
+    with dask.config.set({"tangram.scheduler.policy-options": {"admission-knee": 0.9, "grow": 1}}):
+        o = PluginOptions.from_config()
+    assert o.policy_options == {"admission_knee": 0.9, "grow": 1.0}
+    assert o.tangram == TangramOptions(admission_knee=0.9, grow=1.0)
+    assert PluginOptions.from_config().tangram is None  # none named: the policy's own defaults
+    assert PluginOptions(policy_options={"admission_knee": 0.9, "grow": 1}) == o
+
+
+@pytest.mark.parametrize("knobs, tangram, key, words", [
+    ({"knee": 0.9}, None, "tangram.scheduler.policy-options.knee", "'knee' is not a knob of the tangram policy"),
+    ({"grow": math.inf}, None, "tangram.scheduler.policy-options.grow", "inf is not a finite number >= 0"),
+    ({"grow": True}, None, "tangram.scheduler.policy-options.grow", "True is not a finite number >= 0"),
+    ({"grow": 1}, TangramOptions(grow=1), "tangram.scheduler.policy-options", "given twice"),
+], ids=["unknown-knob", "infinite", "a-bool", "and-tangram-from-code"])
+def test_a_bad_policy_option_is_refused_naming_it(knobs, tangram, key, words):
+    with pytest.raises(ConfigError) as info:
+        PluginOptions(policy_options=knobs, tangram=tangram)
+    assert info.value.key == key and words in str(info.value)
 
 
 # (id, PluginOptions keyword, value, key named)
