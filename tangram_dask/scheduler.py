@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from time import monotonic, perf_counter
 from typing import Any, Callable, Hashable, Mapping
@@ -820,6 +820,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         snap["plugin"] = asdict(self.stats)
         snap["workers"] = {addr: d.to_msg() for addr, d in self.nodes.items()}  # what each worker declared
         snap["actions"] = len(self.actions)
+        opt = getattr(self.policy, "opt", None)  # the tangram policy's knobs that differ from their defaults
+        snap["policy_options"] = {} if opt is None else {
+            f.name: getattr(opt, f.name) for f in fields(opt) if getattr(opt, f.name) != f.default}
         return snap
 
 

@@ -233,6 +233,7 @@ def test_the_preload_sets_the_policys_knobs_from_its_flags():
         plugin = cluster.scheduler.plugins["tangram"]
         assert plugin.options.tangram == TangramOptions(admission_knee=0.9, grow=1.0)
         assert plugin.policy.opt == TangramOptions(admission_knee=0.9, grow=1.0)
+        assert plugin.snapshot()["policy_options"] == {"admission_knee": 0.9, "grow": 1.0}  # what it runs with
 
 
 # -- PluginOptions: defined once --------------------------------------------------------------
