@@ -83,11 +83,12 @@ class PluginOptions:
         knobs = policy_options(self.policy_options)
         object.__setattr__(self, "policy_options", knobs)
         if knobs:
-            if self.tangram is not None:
+            named = TangramOptions(**knobs)
+            if self.tangram is not None and self.tangram != named:  # (equal: dataclasses.replace of these options)
                 raise ConfigError("tangram.scheduler.policy-options", dict(knobs),
-                                  "the tangram policy's knobs are given twice: by this key and by tangram= "
-                                  "(a TangramOptions, from code); give one")
-            object.__setattr__(self, "tangram", TangramOptions(**knobs))
+                                  "the tangram policy's knobs are given twice, and differ: by this key and by "
+                                  "tangram= (a TangramOptions, from code); give one")
+            object.__setattr__(self, "tangram", named)
 
     @classmethod
     def from_config(cls, **overrides: Any) -> PluginOptions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 
 import dask
 import pytest
@@ -285,13 +285,14 @@ def test_policy_options_set_the_tangram_policys_knobs_from_the_config():
     assert o.tangram == TangramOptions(admission_knee=0.9, grow=1.0)
     assert PluginOptions.from_config().tangram is None  # none named: the policy's own defaults
     assert PluginOptions(policy_options={"admission_knee": 0.9, "grow": 1}) == o
+    assert replace(o, pipeline=3).tangram == o.tangram  # both fields filled, and equal: not a clash
 
 
 @pytest.mark.parametrize("knobs, tangram, key, words", [
     ({"knee": 0.9}, None, "tangram.scheduler.policy-options.knee", "'knee' is not a knob of the tangram policy"),
     ({"grow": math.inf}, None, "tangram.scheduler.policy-options.grow", "inf is not a finite number >= 0"),
     ({"grow": True}, None, "tangram.scheduler.policy-options.grow", "True is not a finite number >= 0"),
-    ({"grow": 1}, TangramOptions(grow=1), "tangram.scheduler.policy-options", "given twice"),
+    ({"grow": 1}, TangramOptions(grow=2), "tangram.scheduler.policy-options", "given twice, and differ"),
 ], ids=["unknown-knob", "infinite", "a-bool", "and-tangram-from-code"])
 def test_a_bad_policy_option_is_refused_naming_it(knobs, tangram, key, words):
     with pytest.raises(ConfigError) as info:
