@@ -143,7 +143,6 @@ class GpuPlacement:
             if bg and loading >= len(pool.waiting):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return False  # a load is under way for every action that waits
-            self._now = now
             self._waited_site = None
             site = self._load_site(model, spec)
             if site is None and self._waited_site is not None:

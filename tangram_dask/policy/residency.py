@@ -52,7 +52,6 @@ class Residency:
         (``_contention`` 0): the load then costs nothing the demand needs.
         """
         gp = self.gpu
-        self._now = now
         for model, pool in self.pools.items():
             if pool.resource != "gpu" or not gp.idle:
                 continue
@@ -100,7 +99,6 @@ class Residency:
         at once a second at most.
         """
         gp = self.gpu
-        self._now = now
         rho = (gp.total - gp.idle) / max(gp.total, 1)
         price = self.opt.price * rho / (1.0 - rho) if rho < 1.0 else math.inf
         for model, pool in self.pools.items():

@@ -192,7 +192,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.release_rate = Rate(self.opt.horizon_s)  # CPU slots freed per second
         self.traj_n = 0
         self.traj_sum = 0.0
-        self._now = 0.0
+        self._now = 0.0  # the time of the schedule pass under way (set by _schedule)
         self._claims: dict[tuple[str, int], float] | None = None  # gpu_claim, during one _drain_gpus pass
         self._waited_site: tuple | None = None  # site_wait: the busy GPUs a load waits for (one _load_site call)
         self._limit: tuple[float, float] | None = None  # (admission limit, max wait), while not _limit_dirty
@@ -427,6 +427,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
 
     # -- decisions --------------------------------------------------------------
     def _schedule(self, now: float, out: list[Decision]) -> None:
+        self._now = now  # the pass's time, for the residency rules (they take no ``now`` of their own)
         if self.admission_queue:
             self._admit(now, out)
         dirty, self.dirty = self.dirty, {}
