@@ -33,21 +33,10 @@ register_bokeh_apps()
                    "(default: tangram.scheduler.policy-options)")
 def dask_setup(scheduler: Any, tangram_policy: str | None = None, tangram_api_tokens: int | None = None,
                tangram_pipeline: int | None = None, tangram_options: tuple[str, ...] = ()) -> None:
+    from tangram_dask.options import knob_pairs
     from tangram_dask.scheduler import TangramSchedulerPlugin
 
-    from tangram_dask.errors import ConfigError
-
-    knobs = None
-    if tangram_options:
-        knobs = {}
-        for pair in tangram_options:
-            key, sep, value = pair.partition("=")
-            if not sep or not key:
-                raise ConfigError("--tangram-option", pair, f"{pair!r}: expected KNOB=VALUE, e.g. grow=1")
-            try:
-                knobs[key] = float(value)
-            except ValueError:
-                knobs[key] = value  # PluginOptions names it: not a number
+    knobs = knob_pairs(tangram_options, "--tangram-option") if tangram_options else None
     plugin = TangramSchedulerPlugin(tangram_policy, api_tokens=tangram_api_tokens, pipeline=tangram_pipeline,
                                     policy_options=knobs)
     scheduler.add_plugin(plugin, name=plugin.name, idempotent=True)

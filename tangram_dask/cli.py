@@ -107,21 +107,11 @@ def _policies(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 def _options(ctx: click.Context, param: click.Parameter, pairs: Sequence[str]) -> Any:
     """``-o KEY=VALUE`` pairs as TangramOptions (None when none is given); the knobs are read as the
     ``tangram.scheduler.policy-options`` config key is (:func:`tangram_dask.options.policy_options`)."""
-    from .options import policy_options
+    from .options import knob_pairs, policy_options
     from .policy import TangramOptions
 
-    fields = TangramOptions.__dataclass_fields__
-    raw: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
-        try:
-            raw[key] = float(value)
-        except ValueError:
-            raise click.BadParameter(f"{pair!r}: {value!r} is not a number") from None
     try:
-        kw = policy_options(raw, "-o")
+        kw = policy_options(knob_pairs(pairs, "-o"), "-o")
     except ConfigError as e:
         raise click.BadParameter(str(e)) from None
     return TangramOptions(**kw) if kw else None

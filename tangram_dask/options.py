@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .cluster import ModelSpec, parse_models
 from .config import SCHEMA, validate
@@ -135,6 +135,22 @@ def policy_options(raw: Any, where: str = "tangram.scheduler.policy-options") ->
         if not _is_number(value) or not math.isfinite(value) or value < 0:
             raise ConfigError(at, value, f"{value!r} is not a finite number >= 0")
         out[name] = float(value)
+    return out
+
+
+def knob_pairs(pairs: Sequence[str], where: str) -> dict[str, float]:
+    """``KNOB=VALUE`` strings (the preload's ``--tangram-option``, the simulator's ``-o``) as the mapping
+    :func:`policy_options` reads; a ConfigError names a pair without ``=`` or a value that is not a number."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(where, pair, f"{pair!r}: expected KEY=VALUE with KEY one of "
+                                           f"{', '.join(TangramOptions.__dataclass_fields__)}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ConfigError(where, pair, f"{pair!r}: {value!r} is not a number") from None
     return out
 
 
