@@ -67,6 +67,8 @@ def simulate(gen: Generated, cluster: ClusterSpec, policy: str, *, audit: bool =
                     model_loads=res.model_loads, cold_starts=res.cold_starts, restores=res.restores,
                     busy=res.busy, capacity=res.capacity)
     out["cluster"] = cluster.name
+    if pol.beyond_contract:  # options that load replicas the contract does not (WORKLOAD.md): said beside the figures
+        out["beyond_contract"] = list(pol.beyond_contract)
     out["sim_wall_s"] = round(res.wall_s, 3)
     out["decisions"] = res.decisions
     if time_policy and res.decisions:

@@ -7,6 +7,9 @@ durations, what is resident, where each trajectory's state lives) and charges
 each decision its costs; the policy only ever sees hints and completions.
 With ``audit=True`` an independent ledger checks every decision: no slot,
 GPU, GPU memory or token is ever over-allocated, replicas exist where used.
+Always (audit or not), a replica is loaded on the contract's number of GPUs
+(the smallest k >= units.min whose share fits a GPU), unless the policy names
+the options that take it beyond (``Policy.beyond_contract``).
 """
 
 from __future__ import annotations
@@ -172,6 +175,11 @@ class Simulator:
         self.ideal_step: list[float] = []
         self.spans = [] if self.trace else None  # what each start holds, when: opt-in (plots)
         self.begun = self.admitted = 0
+        self.gpu_memory = {n.name: n.gpu_memory_gb for n in self.cluster.gpu_nodes}
+        self.units_min: dict[str, tuple[int, ...]] = {}  # per model: the units.min of its kinds (_check_size)
+        for kd in kinds:
+            if kd.resource == "gpu" and kd.model:
+                self.units_min[kd.model] = (*self.units_min.get(kd.model, ()), kd.units_min)
 
     # -- handlers -------------------------------------------------------------------
     def _begin_step(self, s: int, now: float) -> None:
@@ -239,6 +247,8 @@ class Simulator:
         self.restores += restore
         self.colds += d.sandbox == "cold"
         self.loads += d.load
+        if d.load:
+            self._check_size(spec.model, d.node, d.gpus, (spec.units_min,), f"action {a} ({spec.kind})")
         if self.audit:
             self.audit.start(a, d, self.gen.spec.kinds[k], now)
         self.run_s[a] = r
@@ -252,12 +262,25 @@ class Simulator:
         """A background load: the replica is ready after the cost model's ``load_s``; no action waits in it."""
         load_s = self.costs.load_time_s(d.model)
         self.loads += 1
+        self._check_size(d.model, d.node, d.gpus, self.units_min[d.model], f"load of replica {d.replica}")
         if self.audit:
             self.audit.load(d)
         self.busy["gpu"] += len(d.gpus) * load_s
         if self.spans is not None:
             self.spans.append((now, now + load_s, "gpu", len(d.gpus)))
         self._push(now + load_s, LOADED, d.replica)
+
+    def _check_size(self, model: str, node: str, gpus: tuple[int, ...], units_min: tuple[int, ...], who: str) -> None:
+        """WORKLOAD.md: "A replica is loaded on the smallest k >= units.min whose share gpu_memory_gb / k fits a
+        GPU" (``units_min``: of the action it is loaded for; for a background load, of any kind of its model)."""
+        if self.policy.beyond_contract:
+            return
+        mem = self.gpu_memory[node]
+        ks = {self.gen.spec.models[model].replica_gpus(u, mem) for u in units_min}
+        if len(gpus) not in ks:
+            raise AuditError(f"{who}: a replica of {model} on {len(gpus)} GPUs of {node}, where WORKLOAD.md loads one "
+                             f"on {' or '.join(map(str, sorted(ks)))} (the smallest k >= units.min whose share of "
+                             f"its {self.gen.spec.models[model].gpu_memory_gb:g} GB fits a {mem:g} GB GPU)")
 
     def _loaded(self, rid: int, now: float) -> None:
         if self.audit:

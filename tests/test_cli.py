@@ -299,3 +299,14 @@ def test_parity_skips_fractions_too_small_to_serve_an_action():
     # 0.05 .. 0.35 give nodes of ceil(8 f) <= 3 slots: no 4-slot tool can run, those fractions fail;
     # 0.4 gives 4 slots, and there tangram's step (6.5 s) beats static's on the whole cluster (8 s)
     assert tangram["capacity_for_parity"] == 0.4
+
+
+def test_a_run_beyond_the_contract_says_so_beside_its_figures(capsys):
+    """``grow`` loads replicas wider than WORKLOAD.md's smallest k: the table says so under the figures,
+    the JSON names the option; at the defaults neither does."""
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--policy", "tangram", "-o", "grow=1", "--no-progress")
+    assert code == 0 and "note: tangram ran with grow, beyond WORKLOAD.md" in out
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--policy", "tangram", "-o", "grow=1", "--json")
+    assert code == 0 and json.loads(out)["beyond_contract"] == ["grow"]
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--policy", "tangram", "--no-progress")
+    assert code == 0 and "beyond" not in out

@@ -411,11 +411,14 @@ def test_a_load_leaves_a_model_with_demand_a_replica_free_of_loads(stall_free, w
 
 
 @pytest.mark.parametrize("bg", [0.0, 1.0])
-@pytest.mark.parametrize("residency, gpus", [(1, (0, 1)), (0, (0,))])
-def test_a_replica_grows_to_units_max_where_that_costs_nothing_more(residency, gpus, bg):
-    """Two idle, empty GPUs in one group: a prm replica (units 1..2) takes both (its actions run on
-    2 units, their ideal); without residency planning, the fewest GPUs that hold it."""
-    pol = _gpu_case((2,), {"prm": (30.0, 30.0)}, [], TangramOptions(residency=residency, background_load=bg))
+@pytest.mark.parametrize("residency, wide, gpus", [(1, 0, (0,)), (1, 1, (0, 1)), (0, 1, (0,))])
+def test_a_replica_is_the_contracts_size_unless_wide_replicas(residency, wide, gpus, bg):
+    """Two idle, empty GPUs in one group: a prm replica (units 1..2) loads on the smallest k that holds it
+    (WORKLOAD.md), 1 GPU; with ``wide_replicas`` (opt-in, beyond the contract) and residency planning it
+    takes both (its actions run on 2 units, their ideal), and the policy says it goes beyond."""
+    opts = TangramOptions(residency=residency, background_load=bg, wide_replicas=wide)
+    pol = _gpu_case((2,), {"prm": (30.0, 30.0)}, [], opts)
+    assert pol.beyond_contract == (("wide_replicas",) if wide else ())
     pol.submit(0, _gpu_action("prm", 0, (1, 2)), 0.0)
     (d,) = pol.schedule(0.0)
     assert _is_load(d) and d.gpus == gpus
@@ -718,7 +721,7 @@ def test_idle_gpus_admit_past_a_gpu_limit_read_from_the_short_trajectories():
     new = bench_simulate(gen, cl, "tangram", audit=True, options=TangramOptions(**_BEFORE_LEAN))
     old = bench_simulate(gen, cl, "tangram", options=TangramOptions(idle_learned=0, **_BEFORE_LEAN))
     assert old["step_s"] > 1.1 * static["step_s"]
-    assert new["step_s"] < 0.95 * static["step_s"]
+    assert new["step_s"] < static["step_s"]  # 0.963x (0.947x with wide_replicas, beyond the contract)
     assert new["act_mean_s"] < 0.8 * static["act_mean_s"]
 
 

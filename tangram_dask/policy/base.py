@@ -57,6 +57,9 @@ class Policy:
     """
 
     name = "base"
+    #: options on which this policy goes beyond WORKLOAD.md (e.g. replicas wider than its smallest k): the
+    #: simulator then skips those checks and the bench names them beside its figures
+    beyond_contract: tuple[str, ...] = ()
 
     def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec],
                  replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None,

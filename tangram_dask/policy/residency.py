@@ -339,11 +339,11 @@ class Residency:
     def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list]:
         """``(within, spanning)``: ``within`` the (node, state, GPUs per replica) to try within a topology
         group (``spanning``: the nodes where the smallest replica spans groups, ``_spanning_site``);
-        the smallest replica that fits the node's GPUs and,
-        with ``residency``, also one of ``units.max`` GPUs (elastic replica size, within one group).
+        the smallest replica that fits the node's GPUs (WORKLOAD.md's size) and, with ``residency`` and
+        ``wide_replicas`` (opt-in, beyond the contract), also one of ``units.max`` GPUs within one group.
 
         ``_load_site`` ranks the sites of both sizes alike: no stalled model, fewest evictions, least
-        contention, then the larger replica. So a replica grows only onto GPUs that cost nothing
+        contention, then the larger replica. So a wide replica goes only onto GPUs that cost nothing
         more than the smallest site would (memory free without evicting more, beside replicas no
         busier): its actions then run on more units (ideal ACT is measured at ``units.max``).
         """
@@ -360,7 +360,7 @@ class Residency:
         for name, st in self.gpu.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
             within.append((name, st, k))
-            if self.opt.residency and spec.units_max > k:
+            if self.opt.residency and self.opt.wide_replicas and spec.units_max > k:
                 within.append((name, st, spec.units_max))
             if max(st.spec.groups) < k <= st.spec.gpus:
                 spanning.append((name, st, k))

@@ -137,6 +137,9 @@ class TangramOptions:
     api_whole: float = 1.0      # 1: the gate's API term past the warm-up reads a trajectory's API work as its tool
                                 # calls (from every one issued) x its tool turns (from the hazard of ending) plus its
                                 # last call (from those that ended); 0: from the ended trajectories alone
+    wide_replicas: float = 0.0  # >0 (opt-in, with residency; beyond WORKLOAD.md, which loads every replica on the
+                                # smallest k >= units.min whose share fits a GPU): a load may also make a replica of
+                                # units.max GPUs within one group, where that site costs no more than the smallest
     grow: float = 0.0           # >0 (with residency and background_load): load a larger replica (up to units.max,
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
@@ -156,6 +159,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
     def __init__(self, *a, options: TangramOptions | None = None, **kw):
         super().__init__(*a, **kw)
         self.opt = options or TangramOptions()
+        # replicas wider than the contract's smallest k (WORKLOAD.md): the simulator checks them unless named here
+        self.beyond_contract = tuple(n for n in ("wide_replicas", "grow") if getattr(self.opt, n))
         self.est = Estimator(from_hints=bool(self.opt.hint_spread))
         self.pools: dict[str, Pool] = {"cpu": Pool("cpu", "cpu"), "api": Pool("api", "api")}
         self.dirty: dict[str, None] = {}
