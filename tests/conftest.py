@@ -5,14 +5,16 @@ through ``parse_workload`` / ``parse_cluster``, so every test also exercises
 the file format. ``hand_run`` builds a :class:`~tangram_dask.workload.Generated`
 by hand (exact kinds, LLM delays and durations per trajectory) for cases whose
 answer is worked out on paper; ``simulate`` runs any of them under audit and
-records every decision the policy made.
+records every decision the policy made. ``wait_on_scheduler`` is for the live
+tests: it waits until what a client submitted has reached the scheduler.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 import pytest
@@ -200,3 +202,31 @@ def bwrap_or_skip() -> str:
     if not ok:
         pytest.skip(f"bubblewrap unusable here: {why}")
     return "bwrap"
+
+
+# -- live clusters -----------------------------------------------------------------------------------------
+def _task_states(dask_scheduler: Any, keys: list) -> list[str | None]:
+    tasks = dask_scheduler.tasks
+    return [tasks[k].state if k in tasks else None for k in keys]
+
+
+def wait_on_scheduler(client: Any, keys: Sequence[Hashable], *, timeout: float = 30.0,
+                      what: str = "") -> list[str | None]:
+    """Wait, with a deadline, until every key has reached the scheduler.
+
+    The client sends its submissions in batches, and the scheduler builds the graph partly off its event
+    loop: a key just submitted may not be in ``scheduler.tasks`` yet (KeyError, or a state read as None).
+    Read on the scheduler's event loop (``run_on_scheduler``), a task is seen either not at all or with its
+    ``update-graph`` fully applied (parked, queued...), never half-added, as a read from the test's own
+    thread could see it. Returns each key's state, in the order of ``keys``.
+    """
+    keys = list(keys)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = client.run_on_scheduler(_task_states, keys=keys)
+        if None not in states:
+            return states
+        assert time.monotonic() < deadline, \
+            f"timed out after {timeout:g} s waiting for {what or 'the tasks to reach the scheduler'}: " \
+            f"{dict(zip(keys, states))}"
+        time.sleep(0.02)

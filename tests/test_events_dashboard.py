@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from distributed import Client, Scheduler
@@ -16,7 +17,12 @@ def test_emit_logs_under_tangram_and_all_but_placements_for_the_events_page():
                 Client(s.address, asynchronous=True) as c:
             got: list = []
             c.subscribe_topic(EVENT_TOPIC, got.append)
-            await asyncio.sleep(0.1)
+            # the subscription travels on the client's batched stream; an event emitted before the scheduler
+            # registered it is never sent to the client (got stays empty): wait for it, not a fixed 0.1 s
+            deadline = time.monotonic() + 30
+            while c.id not in s._broker._topics[EVENT_TOPIC].subscribers:
+                assert time.monotonic() < deadline, "the scheduler never registered the client's subscription"
+                await asyncio.sleep(0.01)
             emit(s, "placement", key=("work", 3), kind="code_exec", worker="tcp://w:1", units=2, gpus=[])
             emit(s, "eviction", key="k", worker="tcp://w:2", replicas=[4])
             tangram = [m for _, m in await c.get_events(EVENT_TOPIC)]

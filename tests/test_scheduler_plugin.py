@@ -22,6 +22,8 @@ from tangram_dask import PlacementError
 from tangram_dask.cluster import ModelSpec
 from tangram_dask.scheduler import PARK, TangramSchedulerPlugin, snapshot
 
+from conftest import wait_on_scheduler
+
 MODELS = {"rm-one": ModelSpec("rm-one", 16, 0.0), "rm-two": ModelSpec("rm-two", 120, 0.0)}
 SLOTS = 2
 
@@ -217,7 +219,10 @@ def _cancel_frees_units(client, cluster, gate) -> None:
         time.sleep(0.02)
     with tangram_dask.action(kind="waiter", resource="cpu", units=1, hint_s=0.01):
         waiter = client.submit(inc, 41, pure=False)
-    time.sleep(0.3)
+    # the client sends its submissions in batches: under load the waiter can take longer than the 0.3 s
+    # below to reach the scheduler, and reading tasks[waiter.key] there raised KeyError
+    wait_on_scheduler(client, [waiter.key], what="the waiter to reach the scheduler")
+    time.sleep(0.3)  # time for the plugin to start the waiter, were it (wrongly) to: it must stay parked
     assert client.run_on_scheduler(lambda dask_scheduler, k=waiter.key: dask_scheduler.tasks[k].state) == "no-worker"
     blockers[0].cancel()
     assert waiter.result(timeout=10) == 42  # the policy gave the cancelled action's units to the waiter
@@ -340,11 +345,13 @@ def test_parked_actions_are_restricted_to_an_address_that_never_joins(env):
         extra = client.submit(held_until, "hold-park", pure=False)
     tasks = cluster.scheduler.tasks
     deadline = time.monotonic() + 30
-    # the client sends its submissions in batches: the extra one may reach the scheduler after the others run
-    while (sum(getattr(tasks.get(f.key), "state", None) == "processing" for f in busy) < 2 * SLOTS
-           or extra.key not in tasks):
+    while sum(getattr(tasks.get(f.key), "state", None) == "processing" for f in busy) < 2 * SLOTS:
         assert time.monotonic() < deadline, [getattr(tasks.get(f.key), "state", None) for f in busy + [extra]]
         time.sleep(0.02)
+    # the client sends its submissions in batches: the extra one may reach the scheduler after the others run.
+    # Waited for on the scheduler's loop: from this thread it could be seen in tasks before its update-graph
+    # had parked it (state 'released' or 'waiting')
+    wait_on_scheduler(client, [extra.key], what="the extra action to reach the scheduler")
     ts = tasks[extra.key]
     assert ts.state == "no-worker" and ts.worker_restrictions == {PARK}
     Event("hold-park", client=client).set()
