@@ -280,7 +280,7 @@ class Simulator:
         if len(gpus) not in ks:
             raise AuditError(f"{who}: a replica of {model} on {len(gpus)} GPUs of {node}, where WORKLOAD.md loads one "
                              f"on {' or '.join(map(str, sorted(ks)))} (the smallest k >= units.min whose share of "
-                             f"its {self.gen.spec.models[model].gpu_memory_gb:g} GB fits a {mem:g} GB GPU)")
+                             f"its {self.gen.spec.models[model].gpu_memory_gb:g} GB fits one GPU of {mem:g} GB)")
 
     def _loaded(self, rid: int, now: float) -> None:
         if self.audit:
