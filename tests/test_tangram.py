@@ -527,6 +527,47 @@ def test_a_load_waits_for_busy_gpus_that_take_it_evicting_nothing(site_wait):
     assert isinstance(load, Load) and load.model == "vlm" and load.gpus == (4, 5) and load.evict == ()
 
 
+def test_a_load_never_waits_for_gpus_that_serve_its_own_model():
+    """``site_wait`` lets a load that would evict a model with demand wait for busy GPUs that take it
+    evicting nothing. A GPU that already serves the loader's model is no such site: a second replica
+    there adds no capacity (a GPU runs one action at a time), and each time it frees, the model's own
+    queue takes it again, so the load waited for ever. On the scale run (100,000 trajectories) the
+    16 GB judge's calls waited 86 s on average while a third of the GPUs idled. Here: process-reward
+    calls at 5 a second on four 1-GPU replicas that serve one a second, the other GPUs held by a
+    140 GB judge with a little demand; a replica of prm is loaded (evicting one of the judge's)."""
+    from tangram_dask.policy.types import Load
+
+    pol = _gpu_case((2, 2, 2, 2), {"xl": (140.0, 100.0), "prm": (30.0, 30.0)},
+                    [("xl", (0, 1)), ("xl", (2, 3))] + [("prm", (i,)) for i in range(4, 8)])
+    t = 0.0
+    for i in range(8):  # eight trajectories end, each with a 140 GB judge reward: it has demand
+        pol.begin_trajectory(f"t{i}", t)
+        pol.submit(f"x{i}", _gpu_action("xl", i, units=(2, 2), hint=5.0), t)
+        pol.schedule(t)
+        pol.finish(f"x{i}", t + 5.0, 5.0)
+        pol.end_trajectory(f"t{i}", t + 5.0)
+        t += 20.0
+        pol.schedule(t)
+    prm_gpus = {(r.node, i) for r in pol.gpu.replicas.values() if r.model == "prm" for i in r.gpus}
+    running, loads, n = [], [], 0
+    for _ in range(120):
+        for a in running:
+            pol.finish(a, t, 1.0)
+        running = []
+        for _ in range(5):
+            pol.submit(f"p{n}", _gpu_action("prm", 100 + n, hint=1.0), t)
+            n += 1
+        for d in pol.schedule(t):
+            if isinstance(d, Load):
+                loads.append(d)
+            elif isinstance(d, Start):
+                running.append(d.action)
+        waited = pol._waited_site
+        assert waited is None or not {(waited[0], i) for i in waited[1]} & prm_gpus, waited
+        t += 1.0
+    assert loads and all(d.model == "prm" for d in loads)
+
+
 def test_a_loaded_replica_is_kept_until_it_has_served_its_load():
     """GPU 1 holds the judge; prm (20 s load) is loaded on GPU 0 and serves 5 s. A judge backlog then
     wants a second replica, and GPU 0 is the only site: prm's replica stays until it has served 20 s

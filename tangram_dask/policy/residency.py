@@ -307,6 +307,7 @@ class Residency:
         now = self._now
         limit = now + ms.load_s  # waiting longer than the load itself takes is never cheaper
         best = None
+        reps = self.gpu.replicas
         for name, st, k in self._replica_shapes(ms, spec)[0]:
             if k != ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb):
                 continue  # the smallest replica only: a larger one is worth no wait
@@ -317,6 +318,8 @@ class Residency:
                 for i in range(start, start + size):
                     if st.gpus[i].mem_free + 1e-9 < share:
                         continue
+                    if any(reps[rid].model == ms.name for rid in st.gpus[i].replicas):
+                        continue  # it serves this model already: a second replica there adds no capacity
                     t = self._frees_at(st, i, now)
                     if t <= limit:
                         cand.append((t, i))
