@@ -90,7 +90,7 @@ class TangramOptions:
     elephant_move: float = 1.0  # 1: an elephant whose home has little room moves to the node with the most
     elephant_tail: float = 0.5  # >0: once no trajectory waits for admission (the step's tail), an action expected to
                                 # run longer than this x the mean trajectory (on units.min) is an elephant too
-    admission_model: float = 0.6  # >0: in warm-up, each model's replicas kept under this x busy (per-model gate)
+    admission_model: float = 0.5  # >0: in warm-up, each model's replicas kept under this x busy (per-model gate)
     admission_open: float = 12.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 1.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # admission_model busy loads one as soon as one of its actions waits
