@@ -269,6 +269,11 @@ def _lost_workers(dask_scheduler=None) -> int:
                if isinstance(msg, dict) and msg.get("action") == "remove-worker" and not msg.get("expected"))
 
 
+def _known(dask_scheduler=None, keys=()) -> bool:
+    """Every key has reached the scheduler (read on its event loop: a task is there whole or not at all)."""
+    return all(k in dask_scheduler.tasks for k in keys)
+
+
 def _policy_state(dask_scheduler=None) -> dict:
     """Read-only: what the plugin and policy hold (for the report; tolerant of a refactored core)."""
     p = dask_scheduler.plugins["tangram"]
@@ -457,7 +462,11 @@ def isolated(units: int, timeout_s: float = 8.0, units_max: int | None = None) -
             big = client.submit(act, 0, key="big", pure=False)
         with dask.annotate(tangram=_with(kind="v")):
             behind = [client.submit(act, 200 + j, key=f"behind-{j}", pure=False) for j in range(4)]
-        time.sleep(0.3)
+        # every queued action reaches the scheduler before the blockers go (the client sends in batches: a fixed
+        # 0.3 s let a loaded machine release them first, and the scenario ran without its queue)
+        keys = [f.key for f in ahead + [big] + behind]
+        _wait(lambda: client.run_on_scheduler(_known, keys=keys), 30, "the queued actions never reached the scheduler")
+        time.sleep(0.3)  # as before: time for the plugin to place what it will before the blockers go
         ev.set()
         _wait_all(busy + ahead + [big] + behind, timeout_s)
 
