@@ -168,6 +168,8 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
                     cold_starts=counts["colds"], restores=counts["restores"], busy=busy,
                     capacity=cluster.capacity())
     out["cluster"] = cluster.name
+    if plugin.policy.beyond_contract:  # as the simulator's bench says it (wider replicas than WORKLOAD.md's)
+        out["beyond_contract"] = list(plugin.policy.beyond_contract)
     out["live"] = True
     out["time_scale"] = time_scale
     out["decisions"] = snap.get("decisions", 0)

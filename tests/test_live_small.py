@@ -37,3 +37,15 @@ def test_live_run_reports_the_simulators_keys():
         assert r["actions"] == generate(wl).n_actions == sum(k["count"] for k in r["by_kind"].values())
         assert r["act_mean_s"] >= r["ideal_act_mean_s"] * 0.9 > 0
         assert r["step_s"] > 0
+
+
+def test_a_live_run_beyond_the_contract_says_so_as_the_simulator_does():
+    """``grow`` may load replicas wider than WORKLOAD.md's smallest k: the live result names it
+    (``beyond_contract``), as the simulator's bench does; at the defaults neither does."""
+    from tangram_dask.policy import TangramOptions
+
+    wl, cl = _tiny()
+    (live,) = run_live(wl, cl, ("tangram",), time_scale=0.05, options=TangramOptions(grow=1.0))
+    assert live["beyond_contract"] == ["grow"]
+    assert simulate(generate(wl), cl, "tangram", options=TangramOptions(grow=1.0))["beyond_contract"] == ["grow"]
+    assert "beyond_contract" not in simulate(generate(wl), cl, "tangram")
