@@ -354,6 +354,21 @@ def _gpu_action(model: str, i: int, units: tuple[int, int] = (1, 1), hint: float
     return ActionSpec(f"{model}_call", "gpu", units[0], units[1], 0.8, hint, f"t{i}", model)
 
 
+def _xl_demand(pol) -> float:
+    """Eight trajectories end, each with a 140 GB judge ("xl") reward, 20 s apart: the judge has demand.
+    Returns the time after them."""
+    t = 0.0
+    for i in range(8):
+        pol.begin_trajectory(f"t{i}", t)
+        pol.submit(f"x{i}", _gpu_action("xl", i, units=(2, 2), hint=5.0), t)
+        pol.schedule(t)
+        pol.finish(f"x{i}", t + 5.0, 5.0)
+        pol.end_trajectory(f"t{i}", t + 5.0)
+        t += 20.0
+        pol.schedule(t)
+    return t
+
+
 def _is_load(d) -> bool:
     """A decision that loads a replica: a background ``Load`` (the default) or a ``Start`` that loads first."""
     from tangram_dask.policy.types import Load
@@ -498,15 +513,7 @@ def test_a_load_waits_for_busy_gpus_that_take_it_evicting_nothing(site_wait):
     pol = _gpu_case((2, 2, 2, 2), {"xl": (140.0, 100.0), "prm": (30.0, 30.0), "vlm": (60.0, 60.0)},
                     [("xl", (0, 1)), ("xl", (2, 3))] + [("prm", (i,)) for i in range(4, 8)],
                     TangramOptions(site_wait=site_wait))
-    t = 0.0
-    for i in range(8):  # eight trajectories end, each with a 140 GB judge reward: it has demand
-        pol.begin_trajectory(f"t{i}", t)
-        pol.submit(f"x{i}", _gpu_action("xl", i, units=(2, 2), hint=5.0), t)
-        pol.schedule(t)
-        pol.finish(f"x{i}", t + 5.0, 5.0)
-        pol.end_trajectory(f"t{i}", t + 5.0)
-        t += 20.0
-        pol.schedule(t)
+    t = _xl_demand(pol)
     assert pol._needed("xl", t) > 0
     for i in range(4):
         pol.submit(f"p{i}", _gpu_action("prm", 10 + i, hint=1.0), t)
@@ -539,15 +546,7 @@ def test_a_load_never_waits_for_gpus_that_serve_its_own_model():
 
     pol = _gpu_case((2, 2, 2, 2), {"xl": (140.0, 100.0), "prm": (30.0, 30.0)},
                     [("xl", (0, 1)), ("xl", (2, 3))] + [("prm", (i,)) for i in range(4, 8)])
-    t = 0.0
-    for i in range(8):  # eight trajectories end, each with a 140 GB judge reward: it has demand
-        pol.begin_trajectory(f"t{i}", t)
-        pol.submit(f"x{i}", _gpu_action("xl", i, units=(2, 2), hint=5.0), t)
-        pol.schedule(t)
-        pol.finish(f"x{i}", t + 5.0, 5.0)
-        pol.end_trajectory(f"t{i}", t + 5.0)
-        t += 20.0
-        pol.schedule(t)
+    t = _xl_demand(pol)
     prm_gpus = {(r.node, i) for r in pol.gpu.replicas.values() if r.model == "prm" for i in r.gpus}
     running, loads, n = [], [], 0
     for _ in range(120):
