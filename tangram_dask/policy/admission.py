@@ -334,20 +334,14 @@ class AdmissionGate:
         d = x0 / (1e-6 if 1e-6 > c0 else c0)  # max(c0, 1e-6), as are the two below
         if d > 0 and cap0 > 0 and cap0 / d < limit:
             limit, binds = cap0 / d, 0
-        d = x1 / (1e-6 if 1e-6 > cycle else cycle)
-        if d > 0 and cap1 > 0:
-            lim = cap1 / d
-            if lim < other:
-                other = lim
-            if lim < limit:
-                limit, binds = lim, 1
-        d = x2 / (1e-6 if 1e-6 > c2 else c2)
-        if d > 0 and cap2 > 0:
-            lim = cap2 / d
-            if lim < other:
-                other = lim
-            if lim < limit:
-                limit, binds = lim, 2
+        for which, x, c, cap in ((1, x1, cycle, cap1), (2, x2, c2, cap2)):  # the GPUs, then the API tokens
+            d = x / (1e-6 if 1e-6 > c else c)
+            if d > 0 and cap > 0:
+                lim = cap / d
+                if lim < other:
+                    other = lim
+                if lim < limit:
+                    limit, binds = lim, which
         self._binds, self._lim_other = binds, other
         if limit == math.inf:
             limit = opt.admission * max(slots, 1) / 1e-6
