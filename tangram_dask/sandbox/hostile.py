@@ -596,5 +596,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGPIPE stays ignored, as in any Python process (a Dask worker too): the pool writes to zygotes
+    # that hostile code may have killed, and handles the EPIPE. Restoring SIG_DFL here (as this runner
+    # once did) made it die with 141 at random, on a goodbye sent to a zygote that had just exited.
     main()
