@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import os
-import signal
 import sys
 import tarfile
 import tempfile
