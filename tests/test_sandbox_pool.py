@@ -234,6 +234,22 @@ def test_sandboxes_die_with_their_worker(backend, tmp_path):
         worker.kill()
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+def test_close_lets_every_sandbox_exit_by_itself(backend):
+    """close() says goodbye to each sandbox and it exits 0, its own clean-up done. Stopping the
+    starter threads first killed every one of them (SIGKILL, by PR_SET_PDEATHSIG) before the
+    goodbye, which then met a closed pipe: a runner with SIGPIPE at its default died of it."""
+    if backend == "bwrap":
+        bwrap_or_skip()
+    python = "/usr/bin/python3" if backend == "process" and os.geteuid() == 0 else sys.executable
+    pool = SandboxPool(backend=backend, size=3, python=python).start()
+    assert pool.wait_ready(30)
+    procs = [b._proc for b in pool._boxes]
+    assert len(procs) == 3
+    pool.close()
+    assert [p.returncode for p in procs] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("change", [
     "open('/tmp/left', 'w').write('x')",
     "import os; os.chmod('/tmp', 0o700)",

@@ -214,12 +214,16 @@ class SandboxPool:
             boxes = list(self._boxes)
             self._ready.clear()
             self._cond.notify_all()
+        # The sandboxes first, while the starter threads live: a sandbox dies with the thread that
+        # started it (PR_SET_PDEATHSIG), so stopping the threads first SIGKILLed every zygote before
+        # its goodbye (no clean-up of its own), and the goodbye met a closed pipe (EPIPE). A box a
+        # starter finishes after this point is closed by that starter (``_start_one`` sees ``_closed``).
+        for box in boxes:
+            box.close()
         for _ in self._threads:
             self._jobs.put(None)
         for t in self._threads:
             t.join(timeout=10)
-        for box in boxes:
-            box.close()
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
