@@ -278,6 +278,7 @@ class Sandbox:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._lock = threading.Lock()
+        self._bye = False                    # the zygote was asked to exit (``goodbye``)
 
     # -- paths -----------------------------------------------------------------
     @property
@@ -440,6 +441,21 @@ class Sandbox:
             return False
         return True
 
+    def goodbye(self) -> None:
+        """Ask the zygote to exit (it cleans up after itself) without waiting for it: a pool that closes
+        many sandboxes asks them all, then :meth:`close` waits for each, so they exit together."""
+        proc = self._proc
+        if proc is None or self._bye or not self._lock.acquire(blocking=False):
+            return  # (a run in progress: close() kills it)
+        try:
+            if proc.poll() is None:
+                self._send_to(proc, {"op": "exit"})
+                self._bye = True
+        except OSError:
+            pass
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
         """Stop the zygote and everything under it; remove its directories. Safe to call twice."""
         proc, self._proc = self._proc, None
@@ -447,7 +463,7 @@ class Sandbox:
             # a run in progress (the worker is shutting down): no goodbye, the kill below ends it
             if self._lock.acquire(blocking=False):
                 try:
-                    if proc.poll() is None:
+                    if not self._bye and proc.poll() is None:
                         self._send_to(proc, {"op": "exit"})
                     proc.wait(timeout=2)
                 except (OSError, subprocess.TimeoutExpired):

@@ -218,6 +218,9 @@ class SandboxPool:
         # started it (PR_SET_PDEATHSIG), so stopping the threads first SIGKILLed every zygote before
         # its goodbye (no clean-up of its own), and the goodbye met a closed pipe (EPIPE). A box a
         # starter finishes after this point is closed by that starter (``_start_one`` sees ``_closed``).
+        # Every zygote is asked first, then each is waited for: they exit together.
+        for box in boxes:
+            box.goodbye()
         for box in boxes:
             box.close()
         for _ in self._threads:
