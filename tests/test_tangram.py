@@ -451,6 +451,29 @@ def test_an_action_takes_the_largest_ready_replica_within_units_max():
     assert starts[0].gpus == (1, 2) and starts[1].gpus == (0,)
 
 
+@pytest.mark.parametrize("spare, gpu", [(1.0, 1), (0.0, 0)])
+def test_an_action_takes_the_ready_replica_other_models_need_least(spare, gpu):
+    """prm has a replica on GPU 0, beside the judge's only one, and one on GPU 1, alone. The judge has
+    demand (calls every 2 s). A GPU runs one action at a time: a prm call on GPU 0 holds the judge's
+    replica too, so with ``spare_shared`` it goes to GPU 1; without it, to the first ready one."""
+    pol = _gpu_case((1, 1), {"prm": (30.0, 30.0), "judge": (16.0, 25.0)},
+                    [("prm", (0,)), ("judge", (0,)), ("prm", (1,))], TangramOptions(spare_shared=spare))
+    t = 0.0
+    for i in range(8):
+        pol.submit(f"j{i}", _gpu_action("judge", i), t)
+        (d,) = pol.schedule(t)
+        assert d.gpus == (0,)
+        pol.finish(f"j{i}", t + 1.0, 1.0)
+        t += 2.0
+    pol.submit("q", _gpu_action("prm", 98), t)  # on GPU 1 either way (the first ready one there, too)
+    (d,) = pol.schedule(t)
+    assert d.gpus == (1,)
+    pol.finish("q", t + 0.5, 0.5)  # GPU 1's replica is ready again, after GPU 0's
+    pol.submit("p", _gpu_action("prm", 99), t + 1.0)
+    (d,) = pol.schedule(t + 1.0)
+    assert d.action == "p" and d.gpus == (gpu,) and not _is_load(d)
+
+
 @pytest.mark.parametrize("merge, first", [(1.0, 1), (0.0, 2)])
 def test_a_freed_gpu_goes_to_the_head_with_the_smallest_key_whatever_its_model(merge, first):
     """One GPU holds both models. prm (seen first) serves; a judge call arrives at t = 1, two prm calls

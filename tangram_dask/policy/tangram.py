@@ -140,6 +140,8 @@ class TangramOptions:
     wide_replicas: float = 0.0  # >0 (opt-in, with residency; beyond WORKLOAD.md, which loads every replica on the
                                 # smallest k >= units.min whose share fits a GPU): a load may also make a replica of
                                 # units.max GPUs within one group, where that site costs no more than the smallest
+    spare_shared: float = 1.0   # 1: an action goes to the ready replica of its model whose GPUs the other models'
+                                # replicas need least (their demand per replica); 0: the first ready one
     grow: float = 0.0           # >0 (with residency and background_load): load a larger replica (up to units.max,
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
