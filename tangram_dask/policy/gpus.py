@@ -230,7 +230,7 @@ class GpuPlacement:
         were free, and the judges waited (``reseed.py --k 12``: gpu ACT/ideal 1.564 -> 1.559, draws
         over 1.5x 96 -> 89; gpux 1.545 -> 1.539, 79 -> 74; gpux-101 1.716 -> 1.474)."""
         gp = self.gpu
-        best, best_k = None, None
+        best, best_k, best_c = None, 0, 0.0
         spare = self.opt.spare_shared
         for rid in gp.ready.get(model, ()):
             r = gp.replicas[rid]
@@ -239,12 +239,18 @@ class GpuPlacement:
                 continue
             if end is not None and self._claimed(r.node, r.gpus, end):
                 continue
-            key = (k if k <= spec.units_max else -k, -self._contention(self._beside(r), (rid,)) if spare else 0.0)
-            if best is None or key > best_k:
-                best, best_k = rid, key
+            key = k if k <= spec.units_max else -k
+            if best is not None and key < best_k:
+                continue
+            c = self._shared_need(r) if spare else 0.0
+            if best is None or key > best_k or c < best_c:
+                best, best_k, best_c = rid, key, c
         return best
 
-    def _beside(self, r) -> set[ReplicaId]:
-        """The replicas on the GPUs of replica ``r`` (``r`` among them)."""
+    def _shared_need(self, r) -> float:
+        """``spare_shared``: what the other replicas on the GPUs of replica ``r`` are needed for
+        (``_contention``); 0 at once where ``r`` is alone on them."""
         gpus = self.gpu.nodes[r.node].gpus
-        return {o for i in r.gpus for o in gpus[i].replicas}
+        if all(len(gpus[i].replicas) == 1 for i in r.gpus):
+            return 0.0
+        return self._contention({o for i in r.gpus for o in gpus[i].replicas}, (r.id,))
