@@ -597,5 +597,6 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     # SIGPIPE stays ignored, as in any Python process (a Dask worker too): the pool writes to zygotes
     # that hostile code may have killed, and handles the EPIPE. Restoring SIG_DFL here (as this runner
-    # once did) made it die with 141 at random, on a goodbye sent to a zygote that had just exited.
+    # once did) made it die with 141 at random: SandboxPool.close then stopped its starter threads
+    # first, so their zygotes died (PR_SET_PDEATHSIG) as the goodbye was written to them.
     main()
