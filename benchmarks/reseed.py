@@ -11,13 +11,16 @@ how many draws are over 1.5x ideal (the GPU-bound target).
 
     python benchmarks/reseed.py [--family all] [--k 3] [-j 2] [--set k=v,k=v ...] [--losers]
 
-``--set ""`` is the defaults; several ``--set`` compare option sets on the same draws.
+``--set ""`` is the defaults; several ``--set`` compare option sets on the same draws, and each set
+after the first is also paired with it draw by draw: the mean change of ACT/ideal and of step/static,
+its standard error, and the draws each way (``paired``).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -62,6 +65,22 @@ def summary(rows: list[tuple]) -> dict[str, float]:
             "ideal_mean": statistics.mean(ideal), "ideal_max": max(ideal), "over_1.5": sum(x > 1.5 for x in ideal)}
 
 
+def paired(base: list[tuple], other: list[tuple]) -> dict[str, float]:
+    """``other`` against ``base`` on the same draws: the mean per-draw change of ACT/ideal and of
+    step/static, with its standard error, and how many draws each way (ACT/ideal). A change of a few
+    thousandths over a family is noise unless it is several standard errors (a load decision moves
+    one draw by tenths either way)."""
+    n = len(base)
+    d_act = [o[2] - b[2] for b, o in zip(base, other)]
+    d_step = [o[1] - b[1] for b, o in zip(base, other)]
+
+    def se(xs: list[float]) -> float:
+        return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+
+    return {"n": n, "act": statistics.mean(d_act), "act_se": se(d_act), "step": statistics.mean(d_step),
+            "step_se": se(d_step), "better": sum(d < -1e-9 for d in d_act), "worse": sum(d > 1e-9 for d in d_act)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="all", help="comma-separated: " + ", ".join(FAMILIES) + " (or all)")
@@ -85,6 +104,15 @@ def main() -> None:
                   f"{m['ideal_mean']:>8.3f}{m['ideal_max']:>8.3f}{m['over_1.5']:>6}")
     print("(act/stat, step/stat, act/ideal: mean then max over the draws; both: ACT and step under static's; "
           "loads: model loads at most fifo's)")
+    if len(texts) > 1:
+        print(f"\npaired, per draw, against {texts[0] or 'the defaults'!r}:")
+        print(f"{'family':7}{'set':28}{'act/ideal':>10}{'(se)':>8}{'step/stat':>11}{'(se)':>8}{'better':>8}{'worse':>7}")
+        for fam in fams:
+            rows = [r for f, _, r in res if f == fam]
+            for j in range(1, len(texts)):
+                p = paired([r[0] for r in rows], [r[j] for r in rows])
+                print(f"{fam:7}{(texts[j] or 'defaults')[:27]:28}{p['act']:>+10.4f}{p['act_se']:>8.4f}"
+                      f"{p['step']:>+11.4f}{p['step_se']:>8.4f}{p['better']:>8}{p['worse']:>7}")
     if a.losers:
         for fam, name, r in res:
             if any(x[0] >= 1 or x[1] >= 1 for x in r):

@@ -249,6 +249,25 @@ def test_reseed_draws_each_variant_again_on_other_seeds_and_measures_every_optio
     assert m["n"] == 3 and 0 <= m["both"] <= 3 and m["act_max"] >= m["act_mean"]
 
 
+def test_reseed_pairs_each_set_with_the_first_per_draw():
+    """benchmarks/reseed.py's paired figures: per-draw changes of ACT/ideal and step/static against the
+    first set, their mean and standard error, and the draws each way (rows as ``measure`` gives them:
+    ACT/static, step/static, ACT/ideal, loads, fifo's loads)."""
+    import math
+    import sys
+
+    sys.path.insert(0, str(BENCH.parents[1]))
+    from benchmarks.reseed import paired
+
+    base = [(0.6, 0.7, 1.50, 3, 40), (0.6, 0.8, 1.40, 3, 40), (0.6, 0.9, 1.60, 3, 40)]
+    other = [(0.6, 0.7, 1.40, 3, 40), (0.6, 0.8, 1.40, 3, 40), (0.6, 1.0, 1.70, 3, 40)]
+    p = paired(base, other)
+    assert p["n"] == 3 and (p["better"], p["worse"]) == (1, 1)
+    assert math.isclose(p["act"], 0.0, abs_tol=1e-12) and math.isclose(p["act_se"], 0.1 / math.sqrt(3))
+    assert math.isclose(p["step"], 0.1 / 3) and p["step_se"] > 0
+    assert paired(base, base)["act_se"] == 0.0 and paired(base, base)["better"] == 0
+
+
 def test_in_the_steps_tail_a_long_test_run_reserves_slots_rather_than_set_the_step_on_one():
     """``tail-tight-b`` drawn on seed 1065 (benchmarks/reseed.py): a test run estimated at 139 s (328 s on one
     slot) was not in its kind's top tail (heavy tails, hint sigma 1.5), started on 1 slot of 8 with no
