@@ -242,7 +242,9 @@ of wins here moves by chance. `python benchmarks/reseed.py --k 6 -j 2`
 draws every variant again on 6 other seeds (same shape) and prints, per
 family, how many draws tangram wins on ACT and step together, with the
 ratios' means and maxima (figures in [docs/scheduling.md](scheduling.md),
-"Measured").
+"Measured"). With several `--set`s it also pairs each with the first, draw
+by draw: the mean change of ACT/ideal and step/static with its standard
+error, which says whether a change of a few thousandths is more than noise.
 
 {families}
 
