@@ -250,6 +250,22 @@ def test_close_lets_every_sandbox_exit_by_itself(backend):
     assert [p.returncode for p in procs] == [0, 0, 0]
 
 
+def test_close_kills_the_sandboxes_that_do_not_answer_its_goodbye():
+    """Two of three zygotes are stopped (SIGSTOP: they cannot read the goodbye). close() gives all of
+    them one shared grace, kills those two (SIGKILL) and lets the third exit by itself. (The grace is
+    shared, not one each: benchmarked, not timed here.)"""
+    import signal
+
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+    pool = SandboxPool(backend="process", size=3, python=python).start()
+    assert pool.wait_ready(30)
+    procs = sorted((b._proc for b in pool._boxes), key=lambda p: p.pid)
+    for p in procs[:2]:
+        os.killpg(p.pid, signal.SIGSTOP)
+    pool.close()
+    assert [p.returncode for p in procs] == [-signal.SIGKILL, -signal.SIGKILL, 0]
+
+
 @pytest.mark.parametrize("change", [
     "open('/tmp/left', 'w').write('x')",
     "import os; os.chmod('/tmp', 0o700)",

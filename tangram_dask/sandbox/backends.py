@@ -456,8 +456,9 @@ class Sandbox:
         finally:
             self._lock.release()
 
-    def close(self) -> None:
-        """Stop the zygote and everything under it; remove its directories. Safe to call twice."""
+    def close(self, wait_s: float = 2.0) -> None:
+        """Stop the zygote and everything under it; remove its directories. Safe to call twice. The
+        zygote gets ``wait_s`` seconds to exit by itself (its own clean-up), then it is killed."""
         proc, self._proc = self._proc, None
         if proc is not None:
             # a run in progress (the worker is shutting down): no goodbye, the kill below ends it
@@ -465,7 +466,7 @@ class Sandbox:
                 try:
                     if not self._bye and proc.poll() is None:
                         self._send_to(proc, {"op": "exit"})
-                    proc.wait(timeout=2)
+                    proc.wait(timeout=wait_s)
                 except (OSError, subprocess.TimeoutExpired):
                     pass
                 finally:

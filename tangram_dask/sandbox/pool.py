@@ -218,11 +218,13 @@ class SandboxPool:
         # started it (PR_SET_PDEATHSIG), so stopping the threads first SIGKILLed every zygote before
         # its goodbye (no clean-up of its own), and the goodbye met a closed pipe (EPIPE). A box a
         # starter finishes after this point is closed by that starter (``_start_one`` sees ``_closed``).
-        # Every zygote is asked first, then each is waited for: they exit together.
+        # Every zygote is asked first, then each is waited for: they exit together, within one 2 s grace
+        # shared by all (one that does not answer is killed then; a grace each made N hung ones N x 2 s).
         for box in boxes:
             box.goodbye()
+        grace = time.monotonic() + 2.0
         for box in boxes:
-            box.close()
+            box.close(wait_s=max(0.0, grace - time.monotonic()))
         for _ in self._threads:
             self._jobs.put(None)
         for t in self._threads:
