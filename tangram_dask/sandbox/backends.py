@@ -459,18 +459,14 @@ class Sandbox:
     def close(self, wait_s: float = 2.0) -> None:
         """Stop the zygote and everything under it; remove its directories. Safe to call twice. The
         zygote gets ``wait_s`` seconds to exit by itself (its own clean-up), then it is killed."""
+        self.goodbye()  # (none while a run is in progress: the worker is shutting down, the kill below ends it)
         proc, self._proc = self._proc, None
         if proc is not None:
-            # a run in progress (the worker is shutting down): no goodbye, the kill below ends it
-            if self._lock.acquire(blocking=False):
+            if self._bye:
                 try:
-                    if not self._bye and proc.poll() is None:
-                        self._send_to(proc, {"op": "exit"})
                     proc.wait(timeout=wait_s)
-                except (OSError, subprocess.TimeoutExpired):
+                except subprocess.TimeoutExpired:
                     pass
-                finally:
-                    self._lock.release()
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, 9)
