@@ -1,7 +1,8 @@
 """Reward-model residency on a real LocalCluster: tangram against fifo, in the same run.
 
     python benchmarks/residency.py [--json] [--actions 60] [--rate 6] [--seed 0] [--policies tangram,fifo]
-                                    [--hint 0.2] [--nvml] [-o key=value ...]
+                                    [--hint 0.2] [--nvml] [--loader st|hf --model-dir D --replica-gb G]
+                                    [-o key=value ...]
 
 Per policy, a fresh LocalCluster (worker processes) with the tangram scheduler
 plugin and one GPU worker of ``--gpus`` abstract GPUs (``nvml: false``: no GPU
@@ -16,6 +17,12 @@ The stream: ``--actions`` scoring actions (each scores 2 response/reference
 pairs) arrive as a Poisson process of ``--rate`` per second; the model mix
 shifts half-way (first half mostly rm-a and rm-b, second half mostly rm-b and
 rm-c). The same arrivals (seeded) are replayed for each policy.
+
+``--loader hf --model-dir D``: the three models are instead a Hugging Face
+reward model (``tangram_dask.models.sequence_classifier``) in ``D``, e.g. one
+written by ``benchmarks/make_reward_model.py`` at the size of a real RL
+reward model; each replica is declared ``--replica-gb`` (default: its
+weights on disk plus 5%), and ``--nvml`` caps the GPU to ``--gpus`` of them.
 
 Prints per policy: ``model_loads`` and ``evictions`` (what the worker
 reported doing, not what the policy asked), ``act_mean_s`` and ``act_p99_s``
@@ -46,7 +53,7 @@ from distributed import Client, LocalCluster, Nanny
 
 import tangram_dask
 from tangram_dask.cluster import ModelSpec
-from tangram_dask.models import models_snapshot, register_model, sentence_transformer
+from tangram_dask.models import models_snapshot, register_model, sentence_transformer, sequence_classifier
 from tangram_dask.policy import TangramOptions
 from tangram_dask.scheduler import TangramSchedulerPlugin
 
@@ -61,11 +68,23 @@ def score(model: str) -> float:
     return float(np.mean(tangram_dask.reward_model(model).score(PAIRS)))
 
 
-def warm() -> str:
+def warm(loader: str = "st") -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if loader == "hf":
+        import accelerate  # noqa: F401
+        import transformers
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+
+        return transformers.__version__
     import sentence_transformers  # noqa: F401  (the import, not a model)
 
     return sentence_transformers.__version__
+
+
+def disk_gb(model_dir: str) -> float:
+    """The weights' bytes on disk (safetensors or bin files), in GB."""
+    names = [f for f in os.listdir(model_dir) if f.endswith((".safetensors", ".bin"))]
+    return sum(os.path.getsize(os.path.join(model_dir, f)) for f in names) / 1e9
 
 
 def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
@@ -80,19 +99,19 @@ def arrivals(n: int, rate: float, seed: int) -> list[tuple[float, str]]:
 
 def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_dir: str | None,
                timeout_s: float, nvml: bool = False, hint_s: float = 0.2, per_gpu: int = 1,
-               options: TangramOptions | None = None) -> dict:
-    declared = {m: ModelSpec(m, REPLICA_GB, 1.0) for m in MODELS}
+               options: TangramOptions | None = None, loader: str = "st", replica_gb: float = REPLICA_GB) -> dict:
+    declared = {m: ModelSpec(m, replica_gb, 1.0) for m in MODELS}
     plugin = TangramSchedulerPlugin(policy, models=declared, pipeline=0, tangram=options)
     # Abstract GPUs are not this machine's: where it has real ones, distributed's own GPU monitor would read the
     # abstract ids tangram writes into CUDA_VISIBLE_DEVICES (and fail on every tick where they name no GPU).
-    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": per_gpu * REPLICA_GB}}}
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": per_gpu * replica_gb}}}
     env = {"DASK_DISTRIBUTED__DIAGNOSTICS__NVML": "False"}
     if nvml:  # the first real GPU, its memory capped (gpu-memory-fraction) to hold ``gpus`` replicas
         from tangram_dask.workers import discover
         facts, why = discover()
         if facts is None:
             raise SystemExit(f"--nvml: no GPU through NVML here: {why}")
-        frac = gpus * REPLICA_GB / (facts.memory_bytes[0] / 1e9)
+        frac = gpus * replica_gb / (facts.memory_bytes[0] / 1e9)
         cfg = {"tangram": {"worker": {"nvml": True, "gpu-memory-fraction": frac}}}
         env = {}
         gpus = 1
@@ -106,9 +125,10 @@ def run_policy(policy: str, stream: list[tuple[float, str]], gpus: int, model_di
         client.wait_for_workers(1)
         while not plugin.nodes:
             time.sleep(0.05)
-        client.run(warm)
+        client.run(warm, loader)
+        load = sequence_classifier(model_dir) if loader == "hf" else sentence_transformer(model_dir)
         for m in MODELS:
-            register_model(client, m, sentence_transformer(model_dir), memory_gb=REPLICA_GB, load_s=1.0)
+            register_model(client, m, load, memory_gb=replica_gb, load_s=1.0)
         submit_t: dict = {}
         end_t: dict = {}
         lock = threading.Lock()
@@ -197,7 +217,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gpus", type=int, default=2, help="abstract GPUs, one MiniLM replica each")
     ap.add_argument("--policies", default="tangram,fifo")
-    ap.add_argument("--model-dir", default=None, help="a sentence-transformers model dir (default: MiniLM)")
+    ap.add_argument("--model-dir", default=None, help="the model's directory (st: default MiniLM; hf: required)")
+    ap.add_argument("--loader", choices=("st", "hf"), default="st",
+                    help="st: sentence-transformers similarity; hf: a sequence-classification reward model")
+    ap.add_argument("--replica-gb", type=float, default=None,
+                    help=f"a replica's declared GB (st: {REPLICA_GB}; hf: its weights on disk + 5%%)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the last results")
     ap.add_argument("--per-gpu", type=int, default=1, help="abstract GPUs: replicas each GPU's memory holds")
     ap.add_argument("--hint", type=float, default=0.2, help="each action's duration hint (s)")
@@ -210,6 +234,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--load-s", type=float, default=0.1, help="--replay: a load's seconds (the H200 measured 0.1)")
     ap.add_argument("--call-s", type=float, default=0.008, help="--replay: a call's mean seconds (H200: 5-10 ms)")
     a = ap.parse_args(argv)
+    if a.loader == "hf" and not a.model_dir:
+        ap.error("--loader hf needs --model-dir (benchmarks/make_reward_model.py writes one)")
+    replica_gb = a.replica_gb or (round(disk_gb(a.model_dir) * 1.05, 4) if a.loader == "hf" else REPLICA_GB)
     opts = TangramOptions(**{k: float(v) for k, v in (kv.split("=", 1) for kv in a.policy_option)})
     if a.replay:
         gpus, per_gpu = (1, a.gpus) if a.nvml else (a.gpus, a.per_gpu)
@@ -231,8 +258,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     stream = arrivals(a.actions, a.rate, a.seed)
     if a.nvml:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # the workers inherit it: one GPU
-    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint, a.per_gpu, opts)
-            for p in a.policies.split(",")]
+    rows = [run_policy(p, stream, a.gpus, a.model_dir, a.timeout, a.nvml, a.hint, a.per_gpu, opts, a.loader,
+                       replica_gb) for p in a.policies.split(",")]
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -242,8 +269,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for r in rows:
             print(f"{r['policy']:8s} " + " ".join(f"{str(r[k]):>11s}" for k in keys))
         print(f"stream: {a.actions} actions at {a.rate}/s, mix {MIX[0]} then {MIX[1]} over {MODELS}; "
-              + (f"one real GPU (NVML) capped to {a.gpus} x {REPLICA_GB} GB" if a.nvml else
-                 f"{a.gpus} abstract GPUs of {a.per_gpu * REPLICA_GB:g} GB")
+              + (f"one real GPU (NVML) capped to {a.gpus} x {replica_gb} GB" if a.nvml else
+                 f"{a.gpus} abstract GPUs of {a.per_gpu * replica_gb:g} GB")
               + f"; measured {rows[0]['measured_gb']} GB, load_s {rows[0]['measured_load_s']}")
     return rows
 

@@ -7,7 +7,9 @@ sentence-transformers model (all-MiniLM-L6-v2) loaded onto the granted CUDA
 device with its memory accounted from CUDA and compared with its parameter
 bytes, eviction giving that memory back, and the whole path on a real
 LocalCluster: a worker that finds its GPU through NVML, a registered model,
-an action that scores on ``cuda:0``.
+an action that scores on ``cuda:0``; a Hugging Face reward model of 1 GB
+(``sequence_classifier``) loaded onto ``cuda:0`` and evicted, its memory
+measured by CUDA.
 
 The rest of the suite fakes only the device: abstract GPU workers declared by
 config (``tangram.worker.nvml: false``), and NVML replaced by a table in
@@ -146,6 +148,38 @@ def test_minilm_on_cuda_memory_from_cuda_against_parameter_bytes(facts, cuda):
           f"{(torch.cuda.memory_allocated(0) - base) / 2**20:.1f} MiB once cuBLAS's workspaces are cleared")
     if clear is not None:
         assert torch.cuda.memory_allocated(0) <= base + 1 * 2**20
+    res.close()
+
+
+def test_hf_reward_model_on_cuda_memory_from_cuda_and_given_back(facts, cuda, tmp_path):
+    """A Hugging Face reward model of 1 GB (random bfloat16 weights on disk, a real Llama architecture) loaded by
+    ``sequence_classifier`` through the worker's ledger: on the granted CUDA device, straight from disk
+    (device_map), its memory measured by CUDA against its parameter bytes, and all of it given back on eviction."""
+    from benchmarks.make_reward_model import write
+    from tangram_dask.models import ModelEntry, Residency, sequence_classifier
+    from tangram_dask.models.residency import CudaProbe
+    torch = cuda
+    made = write(str(tmp_path / "rm"), 5e8, "bfloat16", "cuda", tokenizer_dir=_minilm_dir())
+    torch.cuda.empty_cache()
+    entry = ModelEntry("rm", sequence_classifier(made["dir"]), int(made["disk_gb"] * 1.1e9))
+    res = Residency([facts.memory_bytes[0]], lambda name: entry,
+                    lambda gpus: tuple(f"cuda:{facts.cuda_ordinals[g]}" for g in gpus), probe=CudaProbe())
+    res.prepare("a", 3, "rm", (0,))
+    scorer = res.get("a", timeout=300)
+    r = res.replicas[3]
+    s = scorer.score([("What is 2 + 2?", "4"), ("Say hello.", "Hello there!")])
+    print(f"HF reward model {made}: on {r.devices}, CUDA measured {r.bytes_per_gpu / 1e9:.3f} GB, parameter+buffer "
+          f"bytes {r.param_bytes / 1e9:.3f} GB, load {r.load_s:.2f} s, rewards {s}")
+    assert {p.device.type for p in scorer.model.parameters()} == {"cuda"}
+    assert {p.dtype for p in scorer.model.parameters()} == {torch.bfloat16}
+    assert r.measured_by == "cuda" and r.param_bytes <= r.bytes_per_gpu <= 1.02 * r.param_bytes + 8 * 2**20
+    assert len(s) == 2 and all(isinstance(x, float) for x in s)
+    held = torch.cuda.memory_allocated(0)
+    res.unpin("a")
+    assert res.evict(3)
+    del scorer
+    left = torch.cuda.memory_allocated(0)
+    assert abs((held - left) - r.bytes_per_gpu) <= 1 * 2**20, (held, left, r.bytes_per_gpu)
     res.close()
 
 

@@ -1,0 +1,138 @@
+"""A Hugging Face reward-model adapter: a sequence classifier whose first logit is the reward.
+
+The usual shape of an RL reward model (an ``AutoModelForSequenceClassification``
+with one label): ``sequence_classifier(path)`` returns a picklable loader; the
+worker calls it with the granted devices and it loads the weights from
+``path`` straight onto them (``device_map``, through ``accelerate``: no copy
+in host memory first). A replica granted several GPUs (a 140 GB model on two
+80 GB GPUs of one NVLink group) has its layers spread over exactly those GPUs
+(``device_map="auto"`` with ``max_memory`` naming only them).
+
+``score(batch)``: each item is ``(prompt, response)``, ``{"prompt",
+"response"}`` or one string (the whole conversation, already formatted); the
+result is the first logit of each, as floats. Items are tokenized as text
+pairs, truncated to ``max_length`` tokens, in batches of ``batch_size``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..errors import ModelError
+
+# One load at a time in a process: transformers' lazy module is not safe to import from two threads at once, and
+# from_pretrained sets torch's default dtype for the whole process while it builds the model, so two loads at once
+# (two GPUs of one worker) gave each other float32 weights where bfloat16 was asked (3 of 4 such loads here).
+_LOAD = threading.Lock()
+
+
+def _item(item: Any) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, dict) and "prompt" in item and "response" in item:
+        return str(item["prompt"]), str(item["response"])
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return str(item[0]), str(item[1])
+    raise ModelError(f"a reward-model batch item must be (prompt, response), {{'prompt', 'response'}} or one "
+                     f"string, got {type(item).__name__}")
+
+
+class SequenceClassifierScorer:
+    """A loaded reward model: ``score([(prompt, response), ...]) -> [reward, ...]``."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str, batch_size: int, max_length: int):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device  # where inputs go: the device of the first layer
+        self.batch_size = batch_size
+        self.max_length = max_length
+
+    @property
+    def param_bytes(self) -> int:
+        m = self.model
+        return int(sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers())))
+
+    def score(self, batch: Sequence[Any]) -> list[float]:
+        import torch
+
+        items = [_item(x) for x in batch]
+        out: list[float] = []
+        for i in range(0, len(items), self.batch_size):
+            chunk = items[i:i + self.batch_size]
+            firsts = [a for a, _ in chunk]
+            seconds = [b for _, b in chunk]
+            if all(b is None for b in seconds):
+                enc = self.tokenizer(firsts, padding=True, truncation=True, max_length=self.max_length,
+                                     return_tensors="pt")
+            else:
+                enc = self.tokenizer(firsts, [b or "" for b in seconds], padding=True, truncation=True,
+                                     max_length=self.max_length, return_tensors="pt")
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            with torch.inference_mode():
+                logits = self.model(**enc).logits
+            out.extend(logits[:, 0].float().cpu().tolist())
+        return out
+
+
+def _device_map(devices: tuple[str, ...]) -> tuple[Any, dict | None]:
+    """(device_map, max_memory) for ``from_pretrained``: one device as is; several CUDA devices as "auto" over them."""
+    if len(devices) <= 1:
+        return (devices[0] if devices else "cpu"), None
+    if not all(d.startswith("cuda:") for d in devices):
+        return devices[0], None  # several abstract GPUs of a CPU-only worker: one copy on the CPU
+    import torch
+
+    budget = {}
+    for d in devices:
+        k = int(d.split(":")[1])
+        free, _ = torch.cuda.mem_get_info(k)
+        budget[k] = int(free)
+    return "auto", budget
+
+
+@dataclass(frozen=True)
+class SequenceClassifierLoader:
+    """Loads a sequence-classification reward model from ``path`` onto the granted devices."""
+
+    path: str
+    dtype: str = "auto"
+    batch_size: int = 16
+    max_length: int = 2048
+
+    def __call__(self, devices: tuple[str, ...]) -> SequenceClassifierScorer:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        with _LOAD:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+            try:  # no progress bars in worker logs
+                from transformers.utils import logging as hf_logging
+                hf_logging.disable_progress_bar()
+            except Exception:  # an older transformers: bars stay, nothing else changes
+                pass
+
+            device_map, max_memory = _device_map(tuple(devices))
+            kw: dict[str, Any] = {"device_map": device_map}
+            if max_memory is not None:
+                kw["max_memory"] = max_memory
+            model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=self.dtype, **kw)
+            tokenizer = AutoTokenizer.from_pretrained(self.path)
+        model.eval()
+        if getattr(model.config, "num_labels", 1) < 1:
+            raise ModelError(f"{self.path}: the model has no output label to read a reward from")
+        if tokenizer.pad_token is None:  # decoder-only reward models often ship without one
+            tokenizer.pad_token = tokenizer.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        first = next(model.parameters()).device
+        return SequenceClassifierScorer(model, tokenizer, str(first), self.batch_size, self.max_length)
+
+
+def sequence_classifier(path: str, *, dtype: str = "auto", batch_size: int = 16,
+                        max_length: int = 2048) -> SequenceClassifierLoader:
+    """The loader of a Hugging Face sequence-classification reward model in directory ``path``."""
+    if not path:
+        raise ModelError("sequence_classifier needs the model's directory")
+    return SequenceClassifierLoader(str(path), dtype, batch_size, max_length)

