@@ -30,6 +30,7 @@ SCHEDULER_FAMILIES = {
     "units_capacity": "gauge", "units_in_use": "gauge", "units_free": "gauge", "queued_actions": "gauge",
     "unplaceable_actions": "gauge", "admission_queue": "gauge", "placements": "counter", "rejections": "counter",
     "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
+    "model_replicas": "gauge", "model_memory_bytes": "gauge",
 }
 WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
                    "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",

@@ -7,17 +7,20 @@ architecture and real files, loaded by transformers through ``device_map``.
 Its rewards mean nothing, so the tests check what the adapter owes: shapes,
 determinism, batching that does not change a reward, the dtype on disk kept
 under concurrent loads, clear errors, and the whole path on a LocalCluster
-with worker processes (abstract GPUs: this machine has none; the CUDA path
-runs in tests/test_gpu.py on a GPU machine).
+with worker processes, down to the replica and the bytes it holds in
+Prometheus (abstract GPUs: this machine has none; the CUDA path runs in
+tests/test_gpu.py on a GPU machine).
 """
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from distributed import Client, LocalCluster, Nanny
+from prometheus_client.parser import text_string_to_metric_families
 
 import tangram_dask
 from tangram_dask.cluster import ModelSpec
@@ -126,3 +129,13 @@ def test_a_live_cluster_loads_it_on_the_granted_gpu_and_scores(model_dir, scorer
         assert info["devices"] == ("cpu",) and info["measured_by"] == "params"
         m = models_snapshot(client)["measured"]["rm-hf"]
         assert m["memory_gb"] == pytest.approx(param_bytes(scorer) / 1e9, rel=1e-3)
+        # Prometheus: the replica the worker reports, and the bytes it holds on each of its GPUs
+        url = cluster.dashboard_link.rsplit("/", 1)[0] + "/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        reps = {(s.labels["model"], s.labels["state"]): s.value for s in fams["dask_tangram_model_replicas"].samples}
+        held = {(s.labels["worker"], s.labels["gpu"], s.labels["model"]): s.value
+                for s in fams["dask_tangram_model_memory_bytes"].samples}
+        assert reps == {("rm-hf", "resident"): 1}
+        assert list(held.values()) == [info["bytes_per_gpu"]] and info["bytes_per_gpu"] == param_bytes(scorer)
+        assert next(iter(held))[1:] == (str(info["gpus"][0]), "rm-hf")

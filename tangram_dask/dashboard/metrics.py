@@ -19,6 +19,9 @@ Scheduler families (all read from :meth:`TangramView.state`):
 - ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
   ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
   (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
+- ``dask_tangram_model_replicas{model,state}``: reward-model replicas the workers report loading or resident;
+  ``dask_tangram_model_memory_bytes{worker,gpu,model}``: the bytes they hold on each GPU, as each worker measured
+  them (by CUDA where the model went to CUDA, else its parameter bytes)
 
 Worker families (from the worker's sandbox pool statistics):
 ``dask_tangram_sandbox_size|warm|in_use|starting``, ``dask_tangram_sandbox_starts_total``,
@@ -116,6 +119,7 @@ class TangramSchedulerCollector(PrometheusCollector):
             for k, v in sorted(values.items()):
                 fam.add_metric([me, k], v)
             yield fam
+        yield from _residency(n, L, me, st.get("residency") or {})
 
 
 class TangramWorkerCollector(PrometheusCollector):
@@ -143,6 +147,29 @@ class TangramWorkerCollector(PrometheusCollector):
         yield _counter(n("sandbox_starts"), "Sandboxes started", L, me, s.started)
         yield _counter(n("sandbox_recycled"), "Sandboxes recycled", L, me, s.recycled)
         yield _counter(n("sandbox_failed_starts"), "Sandbox starts that failed", L, me, s.failed_starts)
+
+
+def _residency(n: Callable[[str], str], L: list[str], me: str, residency: dict) -> Iterator[Metric]:
+    """The replicas the workers report (loading or resident), and the bytes they hold on each GPU."""
+    count: dict[tuple[str, str], int] = {}
+    held: dict[tuple[str, str, str], int] = {}
+    for worker, reps in sorted(residency.get("replicas", {}).items()):
+        for r in reps.values():
+            model, state = str(r.get("model", "")), str(r.get("state", ""))
+            count[(model, state)] = count.get((model, state), 0) + 1
+            for g in r.get("gpus", ()):
+                key = (worker, str(g), model)
+                held[key] = held.get(key, 0) + int(r.get("bytes_per_gpu", 0))
+    reps_fam = GaugeMetricFamily(n("model_replicas"), "Reward-model replicas the workers report, by state",
+                                 labels=[*L, "model", "state"])
+    for (model, state), v in sorted(count.items()):
+        reps_fam.add_metric([me, model, state], v)
+    yield reps_fam
+    mem = GaugeMetricFamily(n("model_memory_bytes"), "Bytes a model's replicas hold on one GPU of a worker, as the "
+                            "worker measured them", labels=[*L, "worker", "gpu", "model"])
+    for (worker, g, model), v in sorted(held.items()):
+        mem.add_metric([me, worker, g, model], v)
+    yield mem
 
 
 def _le(b: Any) -> str:
