@@ -1,13 +1,24 @@
 """Session 17: the dashboard, state.json and Prometheus with a real GPU worker (NVML), a 1 GB HF reward model and
 MiniLM resident. Prints what each endpoint says about the GPU, and NVML's memory beside the worker's ledger."""
-import json, os, sys, tempfile, time, urllib.request
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+
 sys.path.insert(0, os.getcwd())
-from distributed import Client, LocalCluster, Nanny
-import tangram_dask
-from tangram_dask.cluster import ModelSpec
-from tangram_dask.models import models_snapshot, sentence_transformer, sequence_classifier
-from tangram_dask.scheduler import TangramSchedulerPlugin
-from benchmarks.make_reward_model import write
+
+from distributed import Client, LocalCluster, Nanny  # noqa: E402
+
+import tangram_dask  # noqa: E402
+from benchmarks.make_reward_model import write  # noqa: E402
+from tangram_dask.cluster import ModelSpec  # noqa: E402
+from tangram_dask.models import models_snapshot, sentence_transformer, sequence_classifier  # noqa: E402
+from tangram_dask.scheduler import TangramSchedulerPlugin  # noqa: E402
 
 nvml = "--abstract" not in sys.argv
 minilm = os.environ.get("TANGRAM_TEST_MINILM_DIR")
@@ -53,8 +64,10 @@ if __name__ == "__main__":
         s = json.loads(body) if st == 200 else {}
         print("state.json", st, "gpus:", json.dumps(s.get("gpus")), "residency:", json.dumps(s.get("residency"))[:600])
         st, body = get(base + "/metrics")
-        print("metrics", st, [l for l in body.splitlines() if l.startswith(("dask_tangram_units", "dask_tangram_model")) and "gpu" in l or l.startswith("dask_tangram_model")][:30])
-        print("metrics dask gpu", [l for l in body.splitlines() if "gpu" in l.lower() and not l.startswith("#")][:10])
+        lines = body.splitlines()
+        print("metrics", st, [x for x in lines if x.startswith(("dask_tangram_units", "dask_tangram_model"))
+                              and "gpu" in x or x.startswith("dask_tangram_model")][:30])
+        print("metrics dask gpu", [x for x in lines if "gpu" in x.lower() and not x.startswith("#")][:10])
         for page in ("/tangram", "/individual-gpu-memory", "/individual-gpu-utilization"):
             st, body = get(base + page)
             print("page", page, st, len(body))
@@ -69,4 +82,5 @@ if __name__ == "__main__":
             h = pynvml.nvmlDeviceGetHandleByIndex(0)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            print("NVML used GB", round(mem.used / 1e9, 3), "processes", [(p.pid, round((p.usedGpuMemory or 0) / 1e9, 3)) for p in procs])
+            print("NVML used GB", round(mem.used / 1e9, 3), "processes",
+                  [(p.pid, round((p.usedGpuMemory or 0) / 1e9, 3)) for p in procs])
