@@ -286,3 +286,12 @@ def test_in_the_steps_tail_a_long_test_run_reserves_slots_rather_than_set_the_st
         draw, [{"elephant_tail": 0.0, **then}, then, {"elephant_tail": 0.0, "admission_knee": 0.9}])
     assert step0 > 1.2 and step1 < 0.7 and step2 < 0.95
     assert act1 < act0 < 1.0
+
+
+def test_the_decision_cost_benchmark_loads_and_places_reward_models():
+    """benchmarks/decision_cost.py's GPU loop (small here): four models that do not all fit, so it places, loads
+    and evicts; the figure it prints is microseconds per started action."""
+    from benchmarks.decision_cost import measure_gpu
+
+    us, loads = measure_gpu(200, 2, iters=400)
+    assert loads >= 4 and 0 < us < 1e6

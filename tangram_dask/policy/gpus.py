@@ -84,6 +84,8 @@ class GpuPlacement:
                     t = f
             if t < best_t:
                 best, best_t = r, t
+                if t <= now:  # free now: none frees earlier (and ties keep the first)
+                    break
         if best is None:
             return
         claims = self._claims

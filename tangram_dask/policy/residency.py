@@ -243,7 +243,11 @@ class Residency:
         self._loader_starved = not gp.by_model.get(model)
         self._site_score = None
         best = None
-        for name, st, k in self._replica_shapes(ms, spec)[0]:
+        within, _, kmax = self._replica_shapes(ms, spec)
+        # no site scores below (no stall, no eviction, no contention, the largest size): the first found ends
+        # the search (a later one could only tie, and ties keep the first)
+        floor = (0, 0, 0.0, -kmax)
+        for name, st, k in within:
             share = ms.gpu_memory_gb / k
             for gpus, cands in self._idle_sites(name, st, k):
                 order = self._evict_order(cands, waiting)
@@ -257,12 +261,16 @@ class Residency:
                         score = (stalls, len(plan), self._contention(cands, plan), -k)
                         if best is None or score < best[0]:
                             best = (score, name, gpus, plan)
+                            if score <= floor:
+                                break
                     else:
                         score = len(plan)
                         if best is None or score < best[0]:
                             best = (score, name, gpus, plan)
                             if score == 0:
                                 return name, gpus, plan
+            if best is not None and self.opt.residency and best[0] <= floor:
+                break
         if best is None:
             best = self._spanning_site(model, spec, waiting)
         elif self.opt.residency:
@@ -339,9 +347,10 @@ class Residency:
                 best = (name, gpus, t)
         return best
 
-    def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list]:
-        """``(within, spanning)``: ``within`` the (node, state, GPUs per replica) to try within a topology
-        group (``spanning``: the nodes where the smallest replica spans groups, ``_spanning_site``);
+    def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list, int]:
+        """``(within, spanning, kmax)``: ``within`` the (node, state, GPUs per replica) to try within a topology
+        group (``spanning``: the nodes where the smallest replica spans groups, ``_spanning_site``; ``kmax``:
+        the most GPUs of a replica in ``within``);
         the smallest replica that fits the node's GPUs (WORKLOAD.md's size) and, with ``residency`` and
         ``wide_replicas`` (opt-in, beyond the contract), also one of ``units.max`` GPUs within one group.
 
@@ -356,9 +365,10 @@ class Residency:
             shapes = self._shapes[key] = self._shapes_of(ms, spec)
         return shapes
 
-    def _shapes_of(self, ms, spec: ActionSpec) -> tuple[list, list]:
-        """``_replica_shapes``: ``(within, spanning)``, the sites to try within a topology group and the
-        nodes where the smallest replica spans groups (``_spanning_site``), with its GPUs."""
+    def _shapes_of(self, ms, spec: ActionSpec) -> tuple[list, list, int]:
+        """``_replica_shapes``: ``(within, spanning, kmax)``, the sites to try within a topology group, the
+        nodes where the smallest replica spans groups (``_spanning_site``), with its GPUs, and the most
+        GPUs of a replica within a group."""
         within, spanning = [], []
         for name, st in self.gpu.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
@@ -367,7 +377,7 @@ class Residency:
                 within.append((name, st, spec.units_max))
             if max(st.spec.groups) < k <= st.spec.gpus:
                 spanning.append((name, st, k))
-        return within, spanning
+        return within, spanning, max((k for _, _, k in within), default=0)
 
     def _unseen_deployed(self, model: str) -> bool:
         """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come

@@ -213,7 +213,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
-        self._shapes: dict[tuple, tuple[list, list]] = {}  # _replica_shapes, until the nodes or models change
+        self._shapes: dict[tuple, tuple[list, list, int]] = {}  # _replica_shapes, until the nodes or models change
         self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec
         self._site_score: tuple | None = None  # _load_site's score of the site it chose (residency)
         self.loads_ahead = 0  # Load decisions made (background_load)
