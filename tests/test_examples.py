@@ -93,6 +93,33 @@ def test_custom_reward_model_scores_inside_gpu_actions():
     assert re.fullmatch(r"loaded 1 time\(s\) in \d+\.\d{3} s, 16388 bytes of parameters \(params\)", lines[3]), lines
 
 
+def test_hf_reward_model_scores_trajectories_with_the_model_on_disk(tmp_path):
+    """One worker with one abstract GPU (declared by config: this machine has none); a Hugging Face sequence
+    classifier written to disk here (random weights), loaded by the worker: its rewards are the ones the same
+    files give when loaded in this process."""
+    pytest.importorskip("accelerate")
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import hf_reward_model as ex
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    from tangram_dask.models import sequence_classifier
+
+    model_dir = ex.write_stand_in(str(tmp_path / "rm"))
+    lines = run_example("hf_reward_model.py", "--model-dir", model_dir)
+    row = re.compile(r"([+-]\d\.\d{4})  '(.*)'\s+replica (\d+) on GPUs \((\d),\) \('cpu',\)")
+    rows = [row.fullmatch(line) for line in lines[:3]]
+    assert all(rows), lines
+    here = sequence_classifier(model_dir)(("cpu",))
+    expected = [here.score([pa])[0] for pa in ex.TRAJECTORIES]
+    assert [float(r[1]) for r in rows] == pytest.approx(expected, abs=1e-4)
+    assert {r[3] for r in rows} == {"0"}  # one replica, loaded once, serving all three
+    params = sum(t.numel() * t.element_size() for t in list(here.model.parameters()) + list(here.model.buffers()))
+    m = re.fullmatch(r"loaded 1 time\(s\) in \d+\.\d\d s( \(the worker's first load: .*\))?, (\d+) bytes \(params\)",
+                     lines[3])
+    assert m and int(m[2]) == params, lines
+
+
 def test_sandbox_exec_escape_fails_and_limits_hold():
     from tangram_dask.sandbox.backends import bwrap_available, namespaces_available
 
