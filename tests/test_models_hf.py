@@ -99,6 +99,20 @@ def test_a_missing_directory_is_a_clear_error(tmp_path):
         sequence_classifier(str(tmp_path / "nothing-here"))(("cpu",))
 
 
+def test_a_model_spread_beyond_its_gpus_is_a_clear_error():
+    """accelerate places what does not fit the granted GPUs on the CPU or disk: the loader refuses that, naming the
+    parts (the map is accelerate's ``hf_device_map``; several GPUs are not on this machine)."""
+    from tangram_dask.models.hf import _check_placement
+
+    _check_placement({"model.embed": 0, "model.layers.0": 1, "score": 1}, ("cuda:0", "cuda:1"), "rm")
+    _check_placement({"": "cpu"}, ("cpu",), "rm")  # an abstract GPU: the CPU is where it goes
+    with pytest.raises(ModelError, match=r"does not fit the granted GPUs \['cuda:0', 'cuda:1'\] \(2 part\(s\) "
+                                         r"placed elsewhere: model.layers.30 -> cpu, score -> disk\)"):
+        _check_placement({"model.embed": 0, "model.layers.30": "cpu", "score": "disk"}, ("cuda:0", "cuda:1"), "rm")
+    with pytest.raises(ModelError, match="model.layers.1 -> 2"):
+        _check_placement({"model.layers.0": 0, "model.layers.1": 2}, ("cuda:0", "cuda:1"), "rm")
+
+
 def _reward(prompt: str, response: str):
     rm = tangram_dask.reward_model("rm-hf")
     return rm.score([(prompt, response)])[0], rm.info()

@@ -93,6 +93,20 @@ def _device_map(devices: tuple[str, ...]) -> tuple[Any, dict | None]:
     return "auto", budget
 
 
+def _check_placement(device_map: dict | None, devices: tuple[str, ...], path: str) -> None:
+    """Every part of a model spread over several CUDA devices must sit on one of them: accelerate puts what does
+    not fit on the CPU or disk, which would hold host memory and score slowly, unaccounted."""
+    if not device_map or not all(d.startswith("cuda:") for d in devices):
+        return
+    granted = {int(d.split(":")[1]) for d in devices}
+    off = {name: where for name, where in device_map.items()
+           if not (isinstance(where, int) and where in granted) and str(where) not in devices}
+    if off:
+        some = ", ".join(f"{n or '(all)'} -> {w}" for n, w in list(off.items())[:4])
+        raise ModelError(f"{path}: does not fit the granted GPUs {list(devices)} ({len(off)} part(s) placed "
+                         f"elsewhere: {some}): register it with a larger memory_gb or more units")
+
+
 @dataclass(frozen=True)
 class SequenceClassifierLoader:
     """Loads a sequence-classification reward model from ``path`` onto the granted devices."""
@@ -120,6 +134,7 @@ class SequenceClassifierLoader:
             model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=self.dtype, **kw)
             tokenizer = AutoTokenizer.from_pretrained(self.path)
         model.eval()
+        _check_placement(getattr(model, "hf_device_map", None), tuple(devices), self.path)
         if getattr(model.config, "num_labels", 1) < 1:
             raise ModelError(f"{self.path}: the model has no output label to read a reward from")
         if tokenizer.pad_token is None:  # decoder-only reward models often ship without one
