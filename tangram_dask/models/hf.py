@@ -41,7 +41,8 @@ def _item(item: Any) -> tuple[str, str | None]:
 
 
 class SequenceClassifierScorer:
-    """A loaded reward model: ``score([(prompt, response), ...]) -> [reward, ...]``."""
+    """A loaded reward model: ``score([(prompt, response), ...]) -> [reward, ...]``. Its parameter bytes are
+    its torch module's (``residency.param_bytes`` reads them)."""
 
     def __init__(self, model: Any, tokenizer: Any, device: str, batch_size: int, max_length: int):
         self.model = model
@@ -49,11 +50,6 @@ class SequenceClassifierScorer:
         self.device = device  # where inputs go: the device of the first layer
         self.batch_size = batch_size
         self.max_length = max_length
-
-    @property
-    def param_bytes(self) -> int:
-        m = self.model
-        return int(sum(t.numel() * t.element_size() for t in list(m.parameters()) + list(m.buffers())))
 
     def score(self, batch: Sequence[Any]) -> list[float]:
         import torch
