@@ -141,7 +141,9 @@ def test_a_live_cluster_loads_it_on_the_granted_gpu_and_scores(model_dir, scorer
         here = scorer.score([ITEMS[0], ("Say hello.", "Hello there!")])
         assert [a, b] == pytest.approx(here, abs=1e-6)  # the worker's load is the same model
         assert info["devices"] == ("cpu",) and info["measured_by"] == "params"
-        m = models_snapshot(client)["measured"]["rm-hf"]
+        snap = models_snapshot(client)
+        assert snap["counts"] == {"load_starts": 1, "loads": 1}  # events: one load began and ended
+        m = snap["measured"]["rm-hf"]
         assert m["memory_gb"] == pytest.approx(param_bytes(scorer) / 1e9, rel=1e-3)
         # Prometheus: the replica the worker reports, and the bytes it holds on each of its GPUs
         url = cluster.dashboard_link.rsplit("/", 1)[0] + "/metrics"

@@ -56,7 +56,7 @@ class SchedulerResidency:
     registrations: dict[str, ModelRegistration] = field(default_factory=dict)
     measured: dict[str, Measured] = field(default_factory=dict)
     replicas: dict[str, dict[int, ResidencyReport]] = field(default_factory=dict)  # worker -> replica -> last
-    counts: Counter = field(default_factory=Counter)  # loads, evictions, failures, loading, stale
+    counts: Counter = field(default_factory=Counter)  # load_starts, loads, evictions, failures, stale (events)
     _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
 
     def install(self, reconcile_s: float = 1.0) -> None:
@@ -110,7 +110,8 @@ class SchedulerResidency:
             reps.pop(r.replica, None)
         else:
             reps[r.replica] = r
-        self.counts[{"resident": "loads", "evicted": "evictions", "failed": "failures"}.get(r.state, r.state)] += 1
+        self.counts[{"loading": "load_starts", "resident": "loads", "evicted": "evictions",
+                     "failed": "failures"}.get(r.state, r.state)] += 1
         if r.state == "failed":
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
