@@ -29,8 +29,8 @@ DECLARED = {"rm-small": ModelSpec("rm-small", 0.002, 0.5), "minilm": ModelSpec("
             "rm-bad": ModelSpec("rm-bad", 0.001, 0.1), "rm-late": ModelSpec("rm-late", 0.001, 0.1)}
 
 
-def gpu_worker(name: str, gpus: int = 2) -> dict:
-    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": GPU_GB}}}
+def gpu_worker(name: str, gpus: int = 2, gpu_gb: float = GPU_GB) -> dict:
+    cfg = {"tangram": {"worker": {"nvml": False, "gpus": gpus, "gpu-memory-gb": gpu_gb}}}
     return {"cls": Nanny, "options": {"name": name, "nthreads": gpus, "resources": {"gpus": gpus}, "config": cfg,
                                       "memory_limit": 0, "dashboard_address": None}}
 

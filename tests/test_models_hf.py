@@ -14,12 +14,11 @@ tests/test_gpu.py on a GPU machine).
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from distributed import Client, LocalCluster, Nanny
+from distributed import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 import tangram_dask
@@ -28,6 +27,7 @@ from tangram_dask.errors import ModelError
 from tangram_dask.models import models_snapshot, register_model, sequence_classifier
 from tangram_dask.models.residency import param_bytes
 from tangram_dask.scheduler import TangramSchedulerPlugin
+from test_models import gpu_worker, start, wait_until
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -121,19 +121,9 @@ def _reward(prompt: str, response: str):
 def test_a_live_cluster_loads_it_on_the_granted_gpu_and_scores(model_dir, scorer):
     gb = 0.02
     plugin = TangramSchedulerPlugin("tangram", models={"rm-hf": ModelSpec("rm-hf", gb, 2.0)}, pipeline=0)
-    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
-                           scheduler_kwargs={"plugins": [plugin]})
-    cfg = {"tangram": {"worker": {"nvml": False, "gpus": 2, "gpu-memory-gb": gb}}}
-    cluster.worker_spec["gpu-0"] = {"cls": Nanny, "options": {
-        "name": "gpu-0", "nthreads": 2, "resources": {"gpus": 2}, "config": cfg, "memory_limit": 0,
-        "dashboard_address": None}}
-    cluster.sync(cluster._correct_state)
-    with cluster, Client(cluster) as client:
+    with start(plugin, {"gpu-0": gpu_worker("gpu-0", 2, gb)}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
-        deadline = time.monotonic() + 60
-        while not plugin.nodes:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: len(plugin.nodes) == 1, what="the GPU worker's declaration")
         rm = register_model(client, "rm-hf", sequence_classifier(model_dir), memory_gb=gb, load_s=2.0)
         with rm.action(hint_s=0.05):
             futs = [client.submit(_reward, p, r, pure=False) for p, r in (ITEMS[0], ("Say hello.", "Hello there!"))]
