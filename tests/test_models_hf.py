@@ -99,6 +99,26 @@ def test_a_missing_directory_is_a_clear_error(tmp_path):
         sequence_classifier(str(tmp_path / "nothing-here"))(("cpu",))
 
 
+def test_a_tokenizer_with_nothing_to_pad_with_is_a_clear_error(model_dir, tmp_path):
+    """A tokenizer with neither a pad nor an end-of-sequence token cannot batch: refused at load, naming the fix."""
+    import os
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path / "nopad"
+    shutil.copytree(model_dir, d)
+    for f in os.listdir(d):
+        if f.startswith(("tokenizer", "vocab", "special_tokens")):
+            os.remove(d / f)
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]").save_pretrained(d)
+    with pytest.raises(ModelError, match="neither a pad token nor an end-of-sequence token.*set pad_token"):
+        sequence_classifier(str(d))(("cpu",))
+
+
 def test_a_model_spread_beyond_its_gpus_is_a_clear_error():
     """accelerate places what does not fit the granted GPUs on the CPU or disk: the loader refuses that, naming the
     parts (the map is accelerate's ``hf_device_map``; several GPUs are not on this machine)."""

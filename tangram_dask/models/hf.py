@@ -135,6 +135,9 @@ class SequenceClassifierLoader:
             raise ModelError(f"{self.path}: the model has no output label to read a reward from")
         if tokenizer.pad_token is None:  # decoder-only reward models often ship without one
             tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.pad_token is None:
+            raise ModelError(f"{self.path}: the tokenizer has neither a pad token nor an end-of-sequence token to "
+                             f"pad batches with: set pad_token in its tokenizer_config.json")
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         first = next(model.parameters()).device
