@@ -377,7 +377,7 @@ class TangramWorkerPlugin(WorkerPlugin):
             logger.warning("%s", why)
         if decl.gpus:
             from .models.worker import WorkerResidency  # the models package loads torch only on demand
-            self.residency = WorkerResidency(worker, decl, facts)
+            self.residency = WorkerResidency(worker, decl, facts, prepare=bool(cfg.get("prepare-models", True)))
             await self.residency.start()
         elif int(worker.state.total_resources.get("gpus", 0) or 0):
             logger.warning("tangram: this worker has --resources gpus but declares no GPU to tangram")

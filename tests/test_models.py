@@ -43,6 +43,17 @@ def start(plugin: TangramSchedulerPlugin, workers: dict) -> LocalCluster:
     return cluster
 
 
+def imported(dask_worker) -> dict:
+    """On a GPU worker: what its loaders' ``prepare()`` did, its replicas, and whether transformers and accelerate
+    are imported there. (A helper of this module: a function of a test module that imports transformers would
+    import it on the worker as it is unpickled.)"""
+    import sys
+
+    snap = dask_worker.plugins["tangram"].residency.snapshot()
+    return {"prepared": snap["prepared"], "replicas": len(snap["replicas"]),
+            "transformers": "transformers" in sys.modules and "accelerate" in sys.modules}
+
+
 def wait_until(cond, timeout: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():

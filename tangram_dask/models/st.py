@@ -10,11 +10,24 @@ package (offline: ``HF_HUB_OFFLINE=1`` is set for the load).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import ModelError
 from .builtin import _pair
+
+
+def _import_sentence_transformers() -> None:
+    """Import sentence-transformers once, under the Hugging Face adapter's lock (both import transformers, whose
+    lazy module is not safe to import from two threads at once)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if "sentence_transformers" in sys.modules:
+        return
+    from .hf import _LOAD
+    with _LOAD:
+        import sentence_transformers  # noqa: F401
 
 
 def minilm_path() -> str:
@@ -58,9 +71,12 @@ class SentenceTransformerLoader:
     path: str = ""
     batch_size: int = 64
 
+    def prepare(self) -> None:
+        """What a load needs imported, without loading (the worker calls it on registration)."""
+        _import_sentence_transformers()
+
     def __call__(self, devices: tuple[str, ...]) -> SentenceTransformerScorer:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        _import_sentence_transformers()
         from sentence_transformers import SentenceTransformer
         try:  # no progress bars in worker logs
             from transformers.utils import logging as hf_logging
