@@ -119,6 +119,45 @@ def test_a_tokenizer_with_nothing_to_pad_with_is_a_clear_error(model_dir, tmp_pa
         sequence_classifier(str(d))(("cpu",))
 
 
+TEMPLATE = "{% for m in messages %}[CLS] {{ m['role'] }}: {{ m['content'] }} [SEP] {% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat_dir(model_dir, tmp_path_factory):
+    """The same model, its tokenizer given a chat template (as decoder-only reward models ship)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    d = tmp_path_factory.mktemp("chat") / "rm"
+    shutil.copytree(model_dir, d)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(d))
+    return str(d)
+
+
+def test_with_a_chat_template_a_pair_is_scored_as_the_formatted_conversation(chat_dir):
+    s = sequence_classifier(chat_dir)(("cpu",))
+    assert s.chat
+    formatted = "[CLS] user: What is 2 + 2? [SEP] [CLS] assistant: 4 [SEP] "
+    conversation = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
+    pair, as_dict, as_conv, as_text = s.score([("What is 2 + 2?", "4"), {"prompt": "What is 2 + 2?", "response": "4"},
+                                               conversation, formatted])
+    assert pair == as_dict == as_conv == as_text
+    plain = sequence_classifier(chat_dir, chat_template=False)(("cpu",))
+    assert not plain.chat and plain.score([("What is 2 + 2?", "4")])[0] != pair  # a text pair, not the template
+
+
+def test_the_chat_template_option_is_checked(model_dir):
+    with pytest.raises(ModelError, match="chat_template=True, but its tokenizer has no chat template"):
+        sequence_classifier(model_dir, chat_template=True)(("cpu",))
+    s = sequence_classifier(model_dir)(("cpu",))
+    assert not s.chat
+    with pytest.raises(ModelError, match="a conversation item needs a tokenizer with a chat template"):
+        s.score([[{"role": "user", "content": "hi"}]])
+
+
 def test_a_model_spread_beyond_its_gpus_is_a_clear_error():
     """accelerate places what does not fit the granted GPUs on the CPU or disk: the loader refuses that, naming the
     parts (the map is accelerate's ``hf_device_map``; several GPUs are not on this machine)."""

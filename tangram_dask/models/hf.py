@@ -9,9 +9,12 @@ in host memory first). A replica granted several GPUs (a 140 GB model on two
 (``device_map="auto"`` with ``max_memory`` naming only them).
 
 ``score(batch)``: each item is ``(prompt, response)``, ``{"prompt",
-"response"}`` or one string (the whole conversation, already formatted); the
-result is the first logit of each, as floats. Items are tokenized as text
-pairs, truncated to ``max_length`` tokens, in batches of ``batch_size``.
+"response"}``, a conversation (a list of ``{"role", "content"}``) or one
+string (the whole conversation, already formatted); the result is the first
+logit of each, as floats. Where the tokenizer has a chat template (decoder-only
+reward models), a pair is scored as the conversation user: prompt, assistant:
+response, formatted by it; else as a text pair. Truncated to ``max_length``
+tokens, in batches of ``batch_size``.
 """
 
 from __future__ import annotations
@@ -40,43 +43,66 @@ def _import_transformers() -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
 
 
-def _item(item: Any) -> tuple[str, str | None]:
+def _item(item: Any) -> tuple[str, str | None] | list[dict]:
+    """One batch item: ``(text, None)``, ``(prompt, response)``, or a conversation (a list of role/content dicts)."""
     if isinstance(item, str):
         return item, None
     if isinstance(item, dict) and "prompt" in item and "response" in item:
         return str(item["prompt"]), str(item["response"])
-    if isinstance(item, (tuple, list)) and len(item) == 2:
+    if isinstance(item, (tuple, list)) and len(item) == 2 and not any(isinstance(x, dict) for x in item):
         return str(item[0]), str(item[1])
-    raise ModelError(f"a reward-model batch item must be (prompt, response), {{'prompt', 'response'}} or one "
-                     f"string, got {type(item).__name__}")
+    if isinstance(item, list) and item and all(isinstance(m, dict) and "role" in m and "content" in m for m in item):
+        return list(item)
+    raise ModelError(f"a reward-model batch item must be (prompt, response), {{'prompt', 'response'}}, one string or "
+                     f"a conversation (a list of {{'role', 'content'}}), got {type(item).__name__}")
 
 
 class SequenceClassifierScorer:
     """A loaded reward model: ``score([(prompt, response), ...]) -> [reward, ...]``. Its parameter bytes are
-    its torch module's (``residency.param_bytes`` reads them)."""
+    its torch module's (``residency.param_bytes`` reads them).
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, batch_size: int, max_length: int):
+    With ``chat`` (the tokenizer has a chat template, and the loader did not turn it off), a ``(prompt,
+    response)`` pair is scored as the conversation user: prompt, assistant: response, formatted by that template,
+    as decoder-only reward models expect; a conversation item likewise. Without it, a pair is tokenized as a
+    text pair (what encoder models such as BERT cross-encoders expect)."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str, batch_size: int, max_length: int,
+                 chat: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device  # where inputs go: the device of the first layer
         self.batch_size = batch_size
         self.max_length = max_length
+        self.chat = chat
+
+    def _format(self, item: tuple[str, str | None] | list[dict]) -> tuple[str, str | None]:
+        """(text, second text or None): with ``chat``, one text formatted by the template (a string item is
+        taken as formatted already)."""
+        if isinstance(item, tuple) and (item[1] is None or not self.chat):
+            return item
+        if not self.chat:
+            raise ModelError("a conversation item needs a tokenizer with a chat template; this model's has none: "
+                             "score (prompt, response) pairs or formatted strings")
+        messages = item if isinstance(item, list) else [{"role": "user", "content": item[0]},
+                                                          {"role": "assistant", "content": item[1]}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False), None
 
     def score(self, batch: Sequence[Any]) -> list[float]:
         import torch
 
-        items = [_item(x) for x in batch]
+        items = [self._format(_item(x)) for x in batch]
         out: list[float] = []
         for i in range(0, len(items), self.batch_size):
             chunk = items[i:i + self.batch_size]
             firsts = [a for a, _ in chunk]
             seconds = [b for _, b in chunk]
+            # a chat template writes the special tokens itself (and a formatted string has them)
+            kw = {"padding": True, "truncation": True, "max_length": self.max_length, "return_tensors": "pt",
+                  "add_special_tokens": not self.chat}
             if all(b is None for b in seconds):
-                enc = self.tokenizer(firsts, padding=True, truncation=True, max_length=self.max_length,
-                                     return_tensors="pt")
+                enc = self.tokenizer(firsts, **kw)
             else:
-                enc = self.tokenizer(firsts, [b or "" for b in seconds], padding=True, truncation=True,
-                                     max_length=self.max_length, return_tensors="pt")
+                enc = self.tokenizer(firsts, [b or "" for b in seconds], **kw)
             enc = {k: v.to(self.device) for k, v in enc.items()}
             with torch.inference_mode():
                 logits = self.model(**enc).logits
@@ -122,6 +148,7 @@ class SequenceClassifierLoader:
     dtype: str = "auto"
     batch_size: int = 16
     max_length: int = 2048
+    chat_template: bool | None = None  # None: use the tokenizer's chat template where it has one
 
     def prepare(self) -> None:
         """What a load needs imported, without loading the weights (the worker calls it on registration):
@@ -162,13 +189,20 @@ class SequenceClassifierLoader:
                              f"pad batches with: set pad_token in its tokenizer_config.json")
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if self.chat_template and not has_template:
+            raise ModelError(f"{self.path}: chat_template=True, but its tokenizer has no chat template")
+        chat = has_template if self.chat_template is None else bool(self.chat_template)
         first = next(model.parameters()).device
-        return SequenceClassifierScorer(model, tokenizer, str(first), self.batch_size, self.max_length)
+        return SequenceClassifierScorer(model, tokenizer, str(first), self.batch_size, self.max_length, chat)
 
 
-def sequence_classifier(path: str, *, dtype: str = "auto", batch_size: int = 16,
-                        max_length: int = 2048) -> SequenceClassifierLoader:
-    """The loader of a Hugging Face sequence-classification reward model in directory ``path``."""
+def sequence_classifier(path: str, *, dtype: str = "auto", batch_size: int = 16, max_length: int = 2048,
+                        chat_template: bool | None = None) -> SequenceClassifierLoader:
+    """The loader of a Hugging Face sequence-classification reward model in directory ``path``.
+
+    ``chat_template``: score ``(prompt, response)`` as a conversation formatted by the tokenizer's chat template
+    (None, the default: where the tokenizer has one; True: it must; False: text pairs)."""
     if not path:
         raise ModelError("sequence_classifier needs the model's directory")
-    return SequenceClassifierLoader(str(path), dtype, batch_size, max_length)
+    return SequenceClassifierLoader(str(path), dtype, batch_size, max_length, chat_template)
