@@ -149,6 +149,22 @@ def test_with_a_chat_template_a_pair_is_scored_as_the_formatted_conversation(cha
     assert not plain.chat and plain.score([("What is 2 + 2?", "4")])[0] != pair  # a text pair, not the template
 
 
+def test_a_long_conversation_is_cut_from_its_start_and_said_so(chat_dir, caplog):
+    """The reward is read at the last token: past max_length a templated item keeps its end (two conversations that
+    differ only in their first words score alike once cut), the scorer counts the cuts, and a warning says so."""
+    s = sequence_classifier(chat_dir, max_length=12)(("cpu",))
+    ending = " ".join(["and then the tests passed"] * 4)
+    with caplog.at_level("WARNING", logger="tangram_dask.models.hf"):
+        a, b, short = s.score([("Fix the bug in utils.py please.", ending), ("Add a feature to cli.py now.", ending),
+                               ("Hi.", "Ok.")])
+    assert a == b and s.truncated == 2
+    assert "2 of 3 reward-model items reached max_length = 12 tokens" in caplog.text
+    whole = sequence_classifier(chat_dir)(("cpu",))
+    assert whole.max_length == 4096  # the model's context, by default
+    x, y = whole.score([("Fix the bug in utils.py please.", ending), ("Add a feature to cli.py now.", ending)])
+    assert x != y and whole.truncated == 0
+
+
 def test_the_chat_template_option_is_checked(model_dir):
     with pytest.raises(ModelError, match="chat_template=True, but its tokenizer has no chat template"):
         sequence_classifier(model_dir, chat_template=True)(("cpu",))

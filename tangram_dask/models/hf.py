@@ -13,18 +13,24 @@ in host memory first). A replica granted several GPUs (a 140 GB model on two
 string (the whole conversation, already formatted); the result is the first
 logit of each, as floats. Where the tokenizer has a chat template (decoder-only
 reward models), a pair is scored as the conversation user: prompt, assistant:
-response, formatted by it; else as a text pair. Truncated to ``max_length``
-tokens, in batches of ``batch_size``.
+response, formatted by it; else as a text pair. In batches of ``batch_size``.
+An item longer than ``max_length`` tokens (default: the model's context) is
+cut, and a warning says how many were: a templated one from its start (the
+reward is read at its last token, the response's end), a text pair from the
+longer text's end.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import ModelError
+
+logger = logging.getLogger(__name__)
 
 # One load at a time in a process: transformers' lazy module is not safe to import from two threads at once, and
 # from_pretrained sets torch's default dtype for the whole process while it builds the model, so two loads at once
@@ -74,6 +80,9 @@ class SequenceClassifierScorer:
         self.batch_size = batch_size
         self.max_length = max_length
         self.chat = chat
+        self.truncated = 0  # items cut to max_length tokens, so far
+        if chat:  # keep the end: the classifier reads the last token
+            tokenizer.truncation_side = "left"
 
     def _format(self, item: tuple[str, str | None] | list[dict]) -> tuple[str, str | None]:
         """(text, second text or None): with ``chat``, one text formatted by the template (a string item is
@@ -86,6 +95,15 @@ class SequenceClassifierScorer:
         messages = item if isinstance(item, list) else [{"role": "user", "content": item[0]},
                                                           {"role": "assistant", "content": item[1]}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False), None
+
+    def _cut(self, chunk: list[tuple[str, str | None]], lengths: list[int], special: bool) -> int:
+        """How many items of ``chunk`` the tokenizer cut: those at ``max_length`` tokens, told again uncut."""
+        n = 0
+        for (a, b), k in zip(chunk, lengths):
+            if k >= self.max_length:
+                ids = self.tokenizer(a, b, add_special_tokens=special, truncation=False)["input_ids"]
+                n += len(ids) > self.max_length
+        return n
 
     def score(self, batch: Sequence[Any]) -> list[float]:
         import torch
@@ -103,6 +121,13 @@ class SequenceClassifierScorer:
                 enc = self.tokenizer(firsts, **kw)
             else:
                 enc = self.tokenizer(firsts, [b or "" for b in seconds], **kw)
+            cut = self._cut(chunk, enc["attention_mask"].sum(dim=1).tolist(), kw["add_special_tokens"])
+            if cut:
+                if not self.truncated:
+                    logger.warning("tangram: %d of %d reward-model items reached max_length = %d tokens and were "
+                                   "cut (%s); later cuts are counted in the scorer's `truncated`", cut, len(chunk),
+                                   self.max_length, "their start dropped" if self.chat else "pairs cut at the end")
+                self.truncated += cut
             enc = {k: v.to(self.device) for k, v in enc.items()}
             with torch.inference_mode():
                 logits = self.model(**enc).logits
@@ -147,7 +172,7 @@ class SequenceClassifierLoader:
     path: str
     dtype: str = "auto"
     batch_size: int = 16
-    max_length: int = 2048
+    max_length: int | None = None  # None: the model's context (max_position_embeddings)
     chat_template: bool | None = None  # None: use the tokenizer's chat template where it has one
 
     def prepare(self) -> None:
@@ -193,11 +218,12 @@ class SequenceClassifierLoader:
         if self.chat_template and not has_template:
             raise ModelError(f"{self.path}: chat_template=True, but its tokenizer has no chat template")
         chat = has_template if self.chat_template is None else bool(self.chat_template)
+        limit = self.max_length or int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
         first = next(model.parameters()).device
-        return SequenceClassifierScorer(model, tokenizer, str(first), self.batch_size, self.max_length, chat)
+        return SequenceClassifierScorer(model, tokenizer, str(first), self.batch_size, limit, chat)
 
 
-def sequence_classifier(path: str, *, dtype: str = "auto", batch_size: int = 16, max_length: int = 2048,
+def sequence_classifier(path: str, *, dtype: str = "auto", batch_size: int = 16, max_length: int | None = None,
                         chat_template: bool | None = None) -> SequenceClassifierLoader:
     """The loader of a Hugging Face sequence-classification reward model in directory ``path``.
 
