@@ -60,11 +60,18 @@ def variant(seed: int) -> tuple[dict, dict]:
 
 
 def runs(wd: dict, cd: dict, sets: list[dict[str, float]]) -> tuple[dict, dict, list[dict]]:
-    """static's and fifo's metrics on one draw (workload and cluster as dicts), then tangram's per option set."""
+    """static's and fifo's metrics on one draw (workload and cluster as dicts), then tangram's per option set.
+    A set's ``hints=SIGMA`` is not an option: tangram's run begins each trajectory with a hint of its length
+    (``simulate``'s ``trajectory_hints``), for ``admit_long``."""
     gen = generate(parse_workload(wd, wd["name"]))
     cl = parse_cluster(cd, cd["name"])
-    return (simulate(gen, cl, "static"), simulate(gen, cl, "fifo"),
-            [simulate(gen, cl, "tangram", options=TangramOptions(**opts)) for opts in sets])
+
+    def tangram(opts: dict[str, float]) -> dict:
+        opts = dict(opts)
+        sigma = opts.pop("hints", None)
+        return simulate(gen, cl, "tangram", options=TangramOptions(**opts), trajectory_hints=sigma)
+
+    return simulate(gen, cl, "static"), simulate(gen, cl, "fifo"), [tangram(opts) for opts in sets]
 
 
 def measure(seed: int, sets: list[dict[str, float]]) -> tuple[str, list[tuple[float, float, float, float]]]:

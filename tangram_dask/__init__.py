@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import Any
 
 from .errors import (ConfigError, FileFormatError, ModelError, PlacementError, PluginMissingError, SandboxError,
-                     SpecError, TangramError)
+                     SpecError, TangramError, TrajectoryError)
 from .spec import ActionSpec, make_spec
 
 __version__ = "0.1.0"
@@ -39,7 +39,7 @@ _LAZY = {
 
 __all__ = [
     "ActionSpec", "make_spec",
-    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError", "ConfigError",
+    "TangramError", "SpecError", "FileFormatError", "PlacementError", "SandboxError", "ConfigError", "TrajectoryError",
     "PluginMissingError", "ModelError",
     *_LAZY,
 ]

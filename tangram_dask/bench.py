@@ -57,11 +57,15 @@ def _trace(gen: Generated, cluster: ClusterSpec, res: Any, out: dict[str, Any]) 
 
 def simulate(gen: Generated, cluster: ClusterSpec, policy: str, *, audit: bool = False,
              progress: Callable[[int, int], None] | None = None, time_policy: bool = False,
-             options: Any = None, traces: list[Trace] | None = None) -> dict[str, Any]:
-    """The contract's metrics of one policy's run; with ``traces`` (a list), its :class:`Trace` is appended."""
+             options: Any = None, traces: list[Trace] | None = None,
+             trajectory_hints: float | None = None) -> dict[str, Any]:
+    """The contract's metrics of one policy's run; with ``traces`` (a list), its :class:`Trace` is appended.
+    ``trajectory_hints`` (a sigma, beyond WORKLOAD.md): each trajectory begins with a hint of its length,
+    its ideal length x exp(sigma x N(0, 1)) (see :class:`~tangram_dask.sim.Simulator`)."""
     pol = make_policy(policy, cluster, gen.spec, options=options)
     res = Simulator(gen, cluster, pol, audit=audit, progress=progress, time_policy=time_policy,
-                    timer=time.perf_counter, trace=traces is not None).run()
+                    timer=time.perf_counter, trace=traces is not None,
+                    trajectory_hint_sigma=trajectory_hints).run()
     out = summarize(gen, policy=policy, issue=res.issue, end=res.end, ideal=res.ideal,
                     step_start=res.step_start, step_end=res.step_end, ideal_step=res.ideal_step,
                     model_loads=res.model_loads, cold_starts=res.cold_starts, restores=res.restores,
@@ -78,11 +82,12 @@ def simulate(gen: Generated, cluster: ClusterSpec, policy: str, *, audit: bool =
     return out
 
 
-def parity(gen: Generated, cluster: ClusterSpec, static_step_s: float, *, options: Any = None) -> float | None:
+def parity(gen: Generated, cluster: ClusterSpec, static_step_s: float, *, options: Any = None,
+           trajectory_hints: float | None = None) -> float | None:
     """Smallest f on the 0.05 grid at which tangram's step <= static's on the whole cluster."""
     for f in GRID:
         try:
-            r = simulate(gen, cluster.scaled(f), "tangram", options=options)
+            r = simulate(gen, cluster.scaled(f), "tangram", options=options, trajectory_hints=trajectory_hints)
         except FileFormatError:
             continue  # some action can never run on a cluster this small: no parity at f
         if r["step_s"] <= static_step_s + 1e-9:
@@ -92,19 +97,23 @@ def parity(gen: Generated, cluster: ClusterSpec, static_step_s: float, *, option
 
 def run(workload: WorkloadSpec, cluster: ClusterSpec, policies: tuple[str, ...] = POLICIES, *,
         with_parity: bool = False, audit: bool = False, progress: Callable[[str, int, int], None] | None = None,
-        time_policy: bool = False, options: Any = None, traces: list[Trace] | None = None) -> list[dict[str, Any]]:
-    """One result per policy; with ``traces`` (a list), one :class:`Trace` per policy is appended to it."""
+        time_policy: bool = False, options: Any = None, traces: list[Trace] | None = None,
+        trajectory_hints: float | None = None) -> list[dict[str, Any]]:
+    """One result per policy; with ``traces`` (a list), one :class:`Trace` per policy is appended to it.
+    ``trajectory_hints``: see :func:`simulate` (every policy gets the same hints; only tangram's
+    ``admit_long`` reads them)."""
     gen = generate(workload)
     results = []
     for name in policies:
         cb = (lambda d, n, _p=name: progress(_p, d, n)) if progress else None
         results.append(simulate(gen, cluster, name, audit=audit, progress=cb, time_policy=time_policy,
-                                options=options if name == "tangram" else None, traces=traces))
+                                options=options if name == "tangram" else None, traces=traces,
+                                trajectory_hints=trajectory_hints))
     if with_parity:
         static = next((r for r in results if r["policy"] == "static"), None)
         if static is None:
             static = simulate(gen, cluster, "static")
-        f = parity(gen, cluster, static["step_s"], options=options)
+        f = parity(gen, cluster, static["step_s"], options=options, trajectory_hints=trajectory_hints)
         for r in results:
             if r["policy"] == "tangram":
                 r["capacity_for_parity"] = f

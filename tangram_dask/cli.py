@@ -191,12 +191,16 @@ def format_table(results: list[dict[str, Any]]) -> str:
                    "1/time-scale ms of workload time: smaller runs faster and reads the host more).")
 @click.option("-o", "--option", "options", multiple=True, callback=_options, metavar="KEY=VALUE",
               help="A tangram policy option (repeatable), e.g. -o admission=0.")
+@click.option("--trajectory-hints", "hint_sigma", type=click.FloatRange(min=0), default=None, metavar="SIGMA",
+              help="Beyond WORKLOAD.md: begin each trajectory with a hint of its length, its ideal length x "
+                   "exp(SIGMA x N(0, 1)) (0: exact), as an RL framework may know from earlier epochs; the policy "
+                   "option admit_long reads it (-o admit_long=2). Simulated runs only.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write PNG figures of the run into DIR (ACT CDF, utilization over time, step); "
                    "needs matplotlib: pip install 'tangram-dask[plots]'.")
 def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity: bool, as_json: bool, audit: bool,
           time_policy: bool, no_progress: bool, live: bool, time_scale: float, options: Any,
-          plot_dir: str | None) -> int:
+          hint_sigma: float | None, plot_dir: str | None) -> int:
     """Simulate (or run --live) one RL step of WORKLOAD on CLUSTER under each policy.
 
     WORKLOAD and CLUSTER are files in the format of resources/bench/WORKLOAD.md.
@@ -204,6 +208,9 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity:
     from .cluster import load_cluster
     from .workload import load_workload
 
+    if live and hint_sigma is not None:
+        raise click.UsageError("--trajectory-hints draws hints in the simulator; live, a rollout passes its own "
+                               "(tangram_dask.begin_trajectory(client, t, expected_s=...))")
     if plot_dir is not None:
         if live:
             raise click.UsageError("--plot draws simulated runs; it cannot be combined with --live")
@@ -230,7 +237,7 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity:
 
         progress = None if no_progress else Progress()
         results = run(wl, cl, policies, with_parity=parity, audit=audit, progress=progress,
-                      time_policy=time_policy, options=options, traces=traces)
+                      time_policy=time_policy, options=options, traces=traces, trajectory_hints=hint_sigma)
     if as_json:
         click.echo(json.dumps(results if len(results) > 1 else results[0], indent=2))
     else:

@@ -7,9 +7,12 @@ Like distributed's own client methods, each works with a synchronous client
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from .annotate import _HAS_PLUGIN, _check_async
+from .errors import TrajectoryError, _show
 from .messages import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER
 
 
@@ -20,9 +23,30 @@ async def _ensure_plugin(client: Any) -> None:
         await _check_async(client, address)
 
 
-async def _begin(client: Any, trajectory: str) -> Any:
+def check_expected_s(value: Any) -> float | None:
+    """``begin_trajectory``'s ``expected_s`` as a float (None stays None), else TrajectoryError naming it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TrajectoryError(f"begin_trajectory: expected_s = {_show(value)}: must be a number of seconds >= 0 "
+                              "(what you expect of the trajectory's length) or None")
+    try:
+        f = float(value)
+    except (OverflowError, ValueError, TypeError):
+        f = math.nan
+    if not (math.isfinite(f) and f >= 0):
+        raise TrajectoryError(f"begin_trajectory: expected_s = {_show(value)}: must be a finite number of "
+                              "seconds >= 0 or None")
+    return f
+
+
+async def _begin(client: Any, trajectory: str, expected_s: float | None) -> Any:
     await _ensure_plugin(client)
-    return await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=trajectory)
+    kw = {} if expected_s is None else {"expected_s": expected_s}  # (a scheduler of an older release takes none)
+    out = await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=trajectory, **kw)
+    if isinstance(out, dict) and out.get("status") == "error":
+        raise TrajectoryError(out.get("message", "begin_trajectory: refused by the scheduler"))
+    return out
 
 
 async def _end(client: Any, trajectory: str) -> list[str]:
@@ -33,17 +57,21 @@ async def _end(client: Any, trajectory: str) -> list[str]:
     return await _end_everywhere(client, trajectory)
 
 
-def begin_trajectory(client: Any, trajectory: str) -> Any:
+def begin_trajectory(client: Any, trajectory: str, expected_s: float | None = None) -> Any:
     """A trajectory is about to start: returns once the scheduler admits it (``{"status": "OK"}``).
 
     With the default policy that is at once. With admission control
     (``TangramOptions(admission=...)``) it waits while the external pool is
     saturated, so a rollout starts only when its tools will not queue.
+    ``expected_s``: what you expect of the trajectory's length in seconds (say,
+    the same prompt's rollouts in earlier epochs); with ``admit_long`` on, the
+    gate admits the long ones first (docs/scheduling.md), otherwise it is
+    ignored. A bad one raises :class:`~tangram_dask.errors.TrajectoryError`.
     Raises :class:`~tangram_dask.errors.PluginMissingError` where the scheduler
     does not run the tangram plugin. On an asynchronous client, returns an
     awaitable: ``await tangram_dask.begin_trajectory(client, "t-1")``.
     """
-    return client.sync(_begin, client, trajectory)
+    return client.sync(_begin, client, trajectory, check_expected_s(expected_s))
 
 
 def end_trajectory(client: Any, trajectory: str) -> Any:

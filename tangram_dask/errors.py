@@ -4,6 +4,7 @@
     ├── SpecError (ValueError)      an action spec is wrong: the caller's fault
     ├── FileFormatError (ValueError) a workload or cluster file is wrong: the file's fault
     ├── ConfigError (ValueError)    a ``tangram:`` dask config key is unknown or has a bad value
+    ├── TrajectoryError (ValueError) a trajectory call (``begin_trajectory``) got a bad argument
     ├── PluginMissingError          actions sent to a scheduler without the tangram plugin
     ├── PlacementError              the scheduler could not place an action (plugin side)
     ├── ModelError                  a reward model could not be registered, loaded or used
@@ -64,6 +65,10 @@ class ConfigError(TangramError, ValueError):
         self.value = value
         self.problem = problem
         super().__init__(f"{key}: {problem}")
+
+
+class TrajectoryError(TangramError, ValueError):
+    """``begin_trajectory`` got a bad argument (``expected_s``); the message names it and what was given."""
 
 
 class PluginMissingError(TangramError):

@@ -51,7 +51,8 @@ from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
 from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
-from .errors import PlacementError, SpecError
+from .client import check_expected_s
+from .errors import PlacementError, SpecError, TrajectoryError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, GRANT_KEY,
                        WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
@@ -787,16 +788,21 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                                      **({"worker": ts.processing_on.address} if ts.processing_on else {})))
 
     # -- RPC handlers -----------------------------------------------------------------------
-    async def _handle_begin_trajectory(self, trajectory: str) -> dict[str, str]:
-        """Returns once the policy admits the trajectory (at once, unless the policy gates admission)."""
+    async def _handle_begin_trajectory(self, trajectory: str, expected_s: Any = None) -> dict[str, str]:
+        """Returns once the policy admits the trajectory (at once, unless the policy gates admission).
+        A bad ``expected_s`` (the client checks it; a raw RPC may not) is refused, and nothing changes."""
         if self.policy is None:
             return {"status": "not-started"}
+        try:
+            expected = check_expected_s(expected_s)
+        except TrajectoryError as e:
+            return {"status": "error", "message": str(e)}
         if trajectory in self._admitted:
             return {"status": "OK"}
         ev = self._admissions.get(trajectory)
         if ev is None:
             ev = self._admissions[trajectory] = asyncio.Event()
-            self.policy.begin_trajectory(trajectory, self.now())
+            self.policy.begin_trajectory(trajectory, self.now(), expected)
             self._kick()
         await ev.wait()
         return {"status": "OK" if trajectory in self._admitted else "ended"}

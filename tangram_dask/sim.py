@@ -91,8 +91,10 @@ class Simulator:
 
     def __init__(self, gen: Generated, cluster: ClusterSpec, policy: Policy, *, audit: bool = False,
                  progress: Callable[[int, int], None] | None = None, time_policy: bool = False,
-                 timer: Callable[[], float] | None = None, trace: bool = False):
+                 timer: Callable[[], float] | None = None, trace: bool = False,
+                 trajectory_hint_sigma: float | None = None):
         self.gen = gen
+        self.hint_sigma = trajectory_hint_sigma
         self.trace = trace
         self.cluster = cluster
         self.policy = policy
@@ -163,6 +165,7 @@ class Simulator:
         fixed = np.array([self.costs.ideal_s(p, 0.0) for p in self.proto])
         factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
         self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
+        self.traj_hint = self._trajectory_hints() if self.hint_sigma is not None else None
         self.home: dict[int, str] = {}
         self._cost_of: dict[tuple, tuple[float, float]] = {}
         self.run_s = [-1.0] * n  # set when it starts
@@ -193,8 +196,18 @@ class Simulator:
 
     def _begin(self, s: int, now: float) -> None:
         self.begun += self.per_step
+        hints = self.traj_hint
         for t in range(s * self.per_step, (s + 1) * self.per_step):
-            self.pol.begin_trajectory(self.names[t], now)
+            self.pol.begin_trajectory(self.names[t], now, None if hints is None else hints[t])
+
+    def _trajectory_hints(self) -> list[float]:
+        """Beyond WORKLOAD.md (opt-in): what an RL framework may know of each trajectory's length before it
+        starts (the same prompt's rollouts in earlier epochs): its ideal length (LLM delays plus ideal
+        action times) x exp(sigma x N(0, 1)), drawn from a stream of its own, so every other draw stays."""
+        g = self.gen
+        length = np.add.reduceat(g.llm + self.ideal, g.first[:-1]) if g.n_actions else np.zeros(0)
+        noise = np.random.default_rng((g.spec.seed, 0x68696E74)).standard_normal(g.n_trajectories)
+        return (length * np.exp(self.hint_sigma * noise)).tolist()
 
     def _issue(self, a: int, now: float) -> None:
         self.issue[a] = now

@@ -129,6 +129,8 @@ USAGE_ERRORS = [
     # --live runs tangram and fifo by default (the issue's `bench --live small.yaml cluster-laptop.yaml --json`
     # failed on static, the default's third policy, with exit status 1); static asked for is a usage error
     ("live-static", ["bench", SMALL, LAPTOP, "--live", "--policy", "fifo,static"], "--live runs tangram and fifo"),
+    ("hints-live", ["bench", SMALL, LAPTOP, "--live", "--trajectory-hints", "0.5"], "--trajectory-hints draws hints"),
+    ("hints-negative", ["bench", SMALL, LAPTOP, "--trajectory-hints", "-1"], "'--trajectory-hints': -1.0 is not"),
     ("unknown-command", ["benchmark"], "No such command 'benchmark'"),
     ("no-command", [], "Commands:\n  bench"),  # click prints the group's help, exit status 2
 ]
@@ -213,7 +215,9 @@ def test_lazy_subcommands_are_listed_and_loaded_on_use(capsys, monkeypatch):
 # (id, extra arguments, where the run goes, keyword arguments it must receive)
 PLUMBING = [
     ("defaults", [], "sim", dict(policies=("tangram", "fifo", "static"), with_parity=False, audit=False,
-                                 time_policy=False, options=None, progress=True)),
+                                 time_policy=False, options=None, progress=True, trajectory_hints=None)),
+    ("trajectory-hints", ["--trajectory-hints", "0.5", "-o", "admit_long=2"], "sim",
+     dict(trajectory_hints=0.5, options={"admit_long": 2.0})),
     ("policy-parity-audit", ["--policy", "tangram,static", "--parity", "--audit"], "sim",
      dict(policies=("tangram", "static"), with_parity=True, audit=True)),
     ("time-policy-no-progress", ["--time-policy", "--no-progress"], "sim", dict(time_policy=True, progress=False)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from distributed import Client, LocalCluster
 
 import tangram_dask
@@ -45,3 +46,45 @@ def test_without_admission_every_trajectory_begins_at_once():
         assert plugin.policy.admission_queue == {} and len(plugin._admitted) == 20
         assert tangram_dask.end_trajectory(client, "t0") == []  # no sandboxes here: nothing to remove
         assert "t0" not in plugin._admitted
+
+
+def test_expected_s_travels_to_the_gate_and_admits_the_long_one_first():
+    """admit_long on: with both places taken, a trajectory expected to run 100 s that asked after
+    one expected 1 s is admitted first when a place frees."""
+    plugin = tangram_dask.TangramSchedulerPlugin(
+        "tangram", tangram=TangramOptions(admission=1.0, admit_long=1.0), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        tangram_dask.begin_trajectory(client, "t1", expected_s=10.0)
+        tangram_dask.begin_trajectory(client, "t2")
+        admitted = {name: threading.Event() for name in ("short", "long")}
+        waiters = []
+        for name, expected in (("short", 1.0), ("long", 100.0)):
+            waiters.append(threading.Thread(target=lambda n=name, e=expected: (
+                tangram_dask.begin_trajectory(client, n, expected_s=e), admitted[n].set())))
+            waiters[-1].start()
+            deadline = time.monotonic() + 10
+            while name not in plugin.policy.admission_queue and time.monotonic() < deadline:
+                time.sleep(0.01)  # asked, in this order
+        assert list(plugin.policy.admission_queue) == ["short", "long"]
+        tangram_dask.end_trajectory(client, "t1")
+        assert admitted["long"].wait(10)
+        assert not admitted["short"].is_set()
+        tangram_dask.end_trajectory(client, "t2")
+        assert admitted["short"].wait(10)
+        for w in waiters:
+            w.join(5)
+
+
+def test_a_bad_expected_s_is_refused_by_name_and_changes_nothing():
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        for bad in (-1.0, float("nan"), float("inf"), "10", True, [5]):
+            with pytest.raises(tangram_dask.TrajectoryError, match="expected_s"):
+                tangram_dask.begin_trajectory(client, "t", expected_s=bad)
+            # a raw call that skips the client's check: refused by the scheduler, which goes on
+            out = client.sync(client.scheduler.tangram_begin_trajectory, trajectory="t", expected_s=bad)
+            assert out["status"] == "error" and "expected_s" in out["message"], bad
+            assert "t" not in plugin.policy.admission_queue and "t" not in plugin._admitted
+        assert tangram_dask.begin_trajectory(client, "t", expected_s=3) == {"status": "OK"}

@@ -18,6 +18,7 @@ reads (what was learned of trajectories and actions, the admission queue) in
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from .types import Admit, Decision
@@ -87,7 +88,13 @@ class AdmissionGate:
             if active >= limit and not (opt.admission_step and self._step_short()):
                 if max_wait == math.inf or now - next(iter(queue.values())) < max_wait:
                     break  # (the head's wait is read only where it may admit it)
-            t, _ = queue.popitem(last=False)
+            t = self._long_first() if self._long else None
+            if t is None:
+                t, _ = queue.popitem(last=False)
+            else:
+                del queue[t]
+            if self._long_seq:
+                self._long_seq.pop(t, None)
             self.admitted.add(t)
             active = len(self.admitted)
             self.fresh.add(t)
@@ -95,6 +102,17 @@ class AdmissionGate:
             out.append(Admit(t))
         if not queue:
             self._m_prev = None  # nobody waits: the time until somebody does is not measured
+
+    def _long_first(self) -> str | None:
+        """``admit_long``: the longest expected trajectory waiting, where its expected length is over
+        ``admit_long`` x the mean given; None: the queue's head goes. Entries of trajectories no longer
+        waiting (or asked again since) are dropped as they reach the top: O(log n) amortised."""
+        heap, live = self._long, self._long_seq
+        while heap and live.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        if heap and -heap[0][0] > self.opt.admit_long * self._expected.mean:
+            return heapq.heappop(heap)[2]
+        return None
 
     def _open_share(self, limit: float) -> float:
         """``open_share``: the opening per unit of the CPU slots and of the API quota alike, then, once 4

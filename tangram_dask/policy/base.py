@@ -36,7 +36,8 @@ class Policy:
 
     Calls, in any order the world produces them:
 
-    - ``begin_trajectory(t, now)`` / ``end_trajectory(t, now)``
+    - ``begin_trajectory(t, now, expected_s=None)`` / ``end_trajectory(t, now)``; ``expected_s``: what the
+      caller expects of the trajectory's length (seconds), for the gate's ``admit_long`` (the others ignore it)
     - ``submit(action_id, spec, now)``: an action is issued and waits; returns
       a :class:`Shortfall` (``never=True``) when no current node can ever hold
       it (see ``wait_unplaceable`` below), else None
@@ -84,7 +85,7 @@ class Policy:
         self._capacity = self._measure_capacity()
 
     # -- trajectories --------------------------------------------------------
-    def begin_trajectory(self, trajectory: str, now: float) -> None:
+    def begin_trajectory(self, trajectory: str, now: float, expected_s: float | None = None) -> None:
         self._ready.append(Admit(trajectory))
 
     def end_trajectory(self, trajectory: str, now: float) -> None:

@@ -39,7 +39,7 @@ class StaticPolicy(Policy):
         self.gpu_wait: dict[ActionId, ActionSpec] = {}
         self.cold_start_s = self.cluster.cold_start_s
 
-    def begin_trajectory(self, trajectory: str, now: float) -> None:
+    def begin_trajectory(self, trajectory: str, now: float, expected_s: float | None = None) -> None:
         self.admission[trajectory] = None
 
     def end_trajectory(self, trajectory: str, now: float) -> None:

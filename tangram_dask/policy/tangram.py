@@ -31,6 +31,7 @@ topology groups, and they are rare.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -146,6 +147,9 @@ class TangramOptions:
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
                                 # load adds (Erlang C) to every model whose replicas it evicts or blocks
+    admit_long: float = 0.0     # >0 (opt-in: trades ACT for the step): a waiting trajectory whose expected length
+                                # (begin_trajectory's expected_s) is over this x the mean of those given is admitted
+                                # first, longest first; the rest in the order they asked
 
 
 class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
@@ -179,6 +183,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.all_ests = Welford()  # the same, every kind together (_elephant, until a kind has 8)
         # trajectory -> when it asked; an OrderedDict: a plain dict's first item costs O(deleted) to reach
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
+        self._long: list[tuple[float, int, str]] = []  # admit_long: (-expected_s, seq, trajectory), a heap, lazy
+        self._long_seq: dict[str, int] = {}  # admit_long: waiting trajectory -> the seq of its live heap entry
+        self._expected = Welford()  # admit_long: the expected lengths given (seconds)
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
@@ -250,14 +257,19 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             pool.arrivals.retau(tau)
 
     # -- trajectories ---------------------------------------------------------
-    def begin_trajectory(self, trajectory: str, now: float) -> None:
+    def begin_trajectory(self, trajectory: str, now: float, expected_s: float | None = None) -> None:
         if not self.opt.admission:
             return super().begin_trajectory(trajectory, now)
         self.admission_queue[trajectory] = now
+        if expected_s is not None and self.opt.admit_long:
+            self._expected.add(expected_s)
+            self._long_seq[trajectory] = self._expected.n
+            heapq.heappush(self._long, (-expected_s, self._expected.n, trajectory))
 
     def end_trajectory(self, trajectory: str, now: float) -> None:
         super().end_trajectory(trajectory, now)
         self.admission_queue.pop(trajectory, None)
+        self._long_seq.pop(trajectory, None)
         self.admitted.discard(trajectory)
         self.fresh.discard(trajectory)
         self._gpu_last.discard(trajectory)
