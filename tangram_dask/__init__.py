@@ -30,6 +30,7 @@ _LAZY = {
     "TangramSchedulerPlugin": "scheduler",
     "TangramWorkerPlugin": "workers",
     "begin_trajectory": "client",
+    "expect_trajectories": "client",
     "end_trajectory": "client",
     "run_live": "live",
     "register_model": "models",

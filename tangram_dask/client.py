@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Mapping
 
 from .annotate import _HAS_PLUGIN, _check_async
 from .errors import TrajectoryError, _show
-from .messages import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER
+from .messages import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER
 
 
 async def _ensure_plugin(client: Any) -> None:
@@ -38,6 +38,31 @@ def check_expected_s(value: Any) -> float | None:
         raise TrajectoryError(f"begin_trajectory: expected_s = {_show(value)}: must be a finite number of "
                               "seconds >= 0 or None")
     return f
+
+
+def check_expectations(value: Any) -> list[tuple[str, float | None]]:
+    """``expect_trajectories``' mapping as ``(name, expected_s)`` pairs, else TrajectoryError naming the entry."""
+    if not isinstance(value, Mapping):
+        raise TrajectoryError(f"expect_trajectories: {_show(value)}: must be a mapping of trajectory names to "
+                              "expected_s (seconds >= 0, or None)")
+    out = []
+    for name, e in value.items():
+        if not isinstance(name, str):
+            raise TrajectoryError(f"expect_trajectories: the name {_show(name)} is not a string")
+        try:
+            out.append((name, check_expected_s(e)))
+        except TrajectoryError as err:
+            raise TrajectoryError(f"expect_trajectories: trajectory {name!r}: {err}") from None
+    return out
+
+
+async def _expect(client: Any, expected: Mapping[str, float | None]) -> Any:
+    await _ensure_plugin(client)
+    out = await getattr(client.scheduler, EXPECT_TRAJECTORIES_HANDLER)(
+        trajectories={t: e for t, e in check_expectations(expected)})
+    if isinstance(out, dict) and out.get("status") == "error":
+        raise TrajectoryError(out.get("message", "expect_trajectories: refused by the scheduler"))
+    return out
 
 
 async def _begin(client: Any, trajectory: str, expected_s: float | None) -> Any:
@@ -72,6 +97,19 @@ def begin_trajectory(client: Any, trajectory: str, expected_s: float | None = No
     awaitable: ``await tangram_dask.begin_trajectory(client, "t-1")``.
     """
     return client.sync(_begin, client, trajectory, check_expected_s(expected_s))
+
+
+def expect_trajectories(client: Any, expected: Mapping[str, float | None]) -> Any:
+    """The trajectories a step is about to run, queued for admission in one call: ``{name: expected_s}``
+    (seconds, or None). Returns ``{"status": "OK", "queued": n}`` at once; each rollout then calls
+    ``begin_trajectory(client, name)``, which returns once that one is admitted (at once if it already is).
+
+    Separate ``begin_trajectory`` calls reach the scheduler one by one, and the gate admits the first
+    ones before the others arrive, so with ``admit_long`` the order among those it holds back is the
+    only order it can choose. Queued together, it chooses among all of them. Names already waiting or
+    admitted keep their place. A bad entry raises :class:`~tangram_dask.errors.TrajectoryError` naming
+    it, and nothing is queued."""
+    return client.sync(_expect, client, expected)
 
 
 def end_trajectory(client: Any, trajectory: str) -> Any:

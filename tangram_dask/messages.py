@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 DECLARE_HANDLER = "tangram_declare"
 END_TRAJECTORY_HANDLER = "tangram_end_trajectory"
 BEGIN_TRAJECTORY_HANDLER = "tangram_begin_trajectory"
+EXPECT_TRAJECTORIES_HANDLER = "tangram_expect_trajectories"
 SNAPSHOT_HANDLER = "tangram_snapshot"
 #: Reward-model residency (tangram_dask.models): client -> scheduler, worker -> scheduler, scheduler -> worker.
 REGISTER_MODEL_HANDLER = "tangram_register_model"

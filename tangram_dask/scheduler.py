@@ -51,10 +51,10 @@ from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
 from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
-from .client import check_expected_s
+from .client import check_expectations, check_expected_s
 from .errors import PlacementError, SpecError, TrajectoryError
-from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, SNAPSHOT_HANDLER, GRANT_KEY,
-                       WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
+from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER,
+                       GRANT_KEY, SNAPSHOT_HANDLER, WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import Load, Reject, ReplicaSpec, Start
@@ -218,6 +218,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         #: called with each background ``Load`` decision as it is applied (no task transition shows one):
         #: the dashboard monitor counts and logs it there
         self.load_listeners: list[Callable[[Load], None]] = []
+        #: called with each trajectory the policy admits and the seconds it waited since it asked (the monitor
+        #: counts and logs admissions there)
+        self.admit_listeners: list[Callable[[str, float], None]] = []
         self.nodes: dict[str, WorkerDeclaration] = {}
         self.stats = PluginStats()
         self._cpu_workers: dict[str, None] = {}
@@ -226,6 +229,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._api_waiting: dict[Hashable, None] = {}
         self._kicked = False
         self._admissions: dict[str, asyncio.Event] = {}  # trajectories waiting to be admitted
+        self._asked: dict[str, float] = {}  # the same: when each asked (policy time)
         self._admitted: set[str] = set()
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
@@ -265,6 +269,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._t0 = monotonic()
         scheduler.handlers[DECLARE_HANDLER] = self._handle_declare
         scheduler.handlers[BEGIN_TRAJECTORY_HANDLER] = self._handle_begin_trajectory
+        scheduler.handlers[EXPECT_TRAJECTORIES_HANDLER] = self._handle_expect_trajectories
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
         # one feature, one name: what the other parts install on this scheduler
@@ -575,6 +580,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if ev is not None:
                     self._admitted.add(d.trajectory)
                     ev.set()
+                    self._admit_heard(d.trajectory)
                 continue
             try:
                 self._apply(d, recs)
@@ -802,15 +808,47 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         ev = self._admissions.get(trajectory)
         if ev is None:
             ev = self._admissions[trajectory] = asyncio.Event()
-            self.policy.begin_trajectory(trajectory, self.now(), expected)
+            self._asked[trajectory] = self.now()
+            self.policy.begin_trajectory(trajectory, self._asked[trajectory], expected)
             self._kick()
         await ev.wait()
         return {"status": "OK" if trajectory in self._admitted else "ended"}
+
+    def _admit_heard(self, trajectory: str) -> None:
+        waited = max(self.now() - self._asked.pop(trajectory, self.now()), 0.0)
+        for listen in self.admit_listeners:
+            try:
+                listen(trajectory, waited)
+            except Exception:  # an observer's error never stops an admission
+                logger.exception("tangram: admission listener %r failed", listen)
+
+    def _handle_expect_trajectories(self, trajectories: Any = None) -> dict[str, Any]:
+        """A step's trajectories queued for admission in one pass (``expect_trajectories``), so the gate
+        orders all of them; each one's ``begin_trajectory`` then waits for its admission. A bad entry
+        (the client checks; a raw RPC may not) refuses the whole call, and nothing changes."""
+        if self.policy is None:
+            return {"status": "not-started"}
+        try:
+            items = check_expectations(trajectories)
+        except TrajectoryError as e:
+            return {"status": "error", "message": str(e)}
+        now, queued = self.now(), 0
+        for trajectory, expected in items:
+            if trajectory in self._admitted or trajectory in self._admissions:
+                continue  # already waiting or admitted: its place is kept
+            self._admissions[trajectory] = asyncio.Event()
+            self._asked[trajectory] = now
+            self.policy.begin_trajectory(trajectory, now, expected)
+            queued += 1
+        if queued:
+            self._kick()
+        return {"status": "OK", "queued": queued}
 
     def _handle_end_trajectory(self, trajectory: str) -> None:
         if self.policy is not None:
             self.policy.end_trajectory(trajectory, self.now())
         self._admitted.discard(trajectory)
+        self._asked.pop(trajectory, None)
         ev = self._admissions.pop(trajectory, None)
         if ev is not None:  # ended while waiting to be admitted: let its caller go
             ev.set()

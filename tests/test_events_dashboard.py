@@ -11,7 +11,7 @@ from distributed import Client, Scheduler
 from tangram_dask.dashboard import EVENT_KINDS, EVENT_TOPIC, emit
 
 
-def test_emit_logs_under_tangram_and_all_but_placements_for_the_events_page():
+def test_emit_logs_under_tangram_and_all_but_placements_and_admissions_for_the_events_page():
     async def main() -> None:
         async with Scheduler(dashboard_address=":0", port=0) as s, \
                 Client(s.address, asynchronous=True) as c:
@@ -25,18 +25,21 @@ def test_emit_logs_under_tangram_and_all_but_placements_for_the_events_page():
                 await asyncio.sleep(0.01)
             emit(s, "placement", key=("work", 3), kind="code_exec", worker="tcp://w:1", units=2, gpus=[])
             emit(s, "eviction", key="k", worker="tcp://w:2", replicas=[4])
+            emit(s, "admission", trajectory="t-7", waited_s=1.5)
             tangram = [m for _, m in await c.get_events(EVENT_TOPIC)]
             assert tangram == [
                 {"action": "tangram-placement", "key": "('work', 3)", "kind": "code_exec", "worker": "tcp://w:1",
                  "units": 2, "gpus": ()},
-                {"action": "tangram-eviction", "key": "k", "worker": "tcp://w:2", "replicas": (4,)}]  # msgpack: tuples
-            assert [m["action"] for _, m in await c.get_events("all")][-1:] == ["tangram-eviction"]  # not placements
+                {"action": "tangram-eviction", "key": "k", "worker": "tcp://w:2", "replicas": (4,)},  # msgpack: tuples
+                {"action": "tangram-admission", "trajectory": "t-7", "waited_s": 1.5}]
+            # not placements nor admissions
+            assert [m["action"] for _, m in await c.get_events("all")][-1:] == ["tangram-eviction"]
             for _ in range(50):
-                if len(got) == 2:
+                if len(got) == 3:
                     break
                 await asyncio.sleep(0.05)
-            assert [m["action"] for _, m in got] == ["tangram-placement", "tangram-eviction"]
-            with pytest.raises(ValueError, match="must be one of placement, load, eviction, rejection, error"):
+            assert [m["action"] for _, m in got] == ["tangram-placement", "tangram-eviction", "tangram-admission"]
+            with pytest.raises(ValueError, match="must be one of placement, load, eviction, rejection, error, admis"):
                 emit(s, "placed")
     asyncio.run(main())
-    assert EVENT_KINDS == ("placement", "load", "eviction", "rejection", "error")
+    assert EVENT_KINDS == ("placement", "load", "eviction", "rejection", "error", "admission")

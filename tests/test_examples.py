@@ -39,6 +39,16 @@ def test_quickstart_runs_actions_and_a_sandbox():
     assert lines[1] == "ok: '45'"
 
 
+@pytest.mark.parametrize("args, order", [((), "p9 p10 p11 p0 p1 p2 p3 p4 p5 p6 p7 p8"),
+                                         (("--arrival-order",), "p0 p1 p2 p3 p4 p5 p6 p7 p8 p9 p10 p11")])
+def test_rollouts_admits_the_long_prompts_first_with_admit_long(args, order):
+    """12 rollouts queued in one call on 4 slots; with admit_long the three prompts expected to be long
+    (10 turns against 2) are admitted first, in the scheduler's own order (its admission events)."""
+    lines = run_example("rollouts.py", *args, timeout=120)
+    assert lines[0] == f"admitted in order: {order}"
+    assert re.fullmatch(r"step: [0-9.]+ s for 12 trajectories, mean reward 0\.07", lines[1])
+
+
 def test_existing_cluster_with_a_preloaded_scheduler_and_worker_processes(tmp_path):
     """`dask scheduler --preload scheduler_plugin` and two `dask worker --resources slots=4` processes, real.
 

@@ -30,7 +30,8 @@ SCHEDULER_FAMILIES = {
     "units_capacity": "gauge", "units_in_use": "gauge", "units_free": "gauge", "queued_actions": "gauge",
     "unplaceable_actions": "gauge", "admission_queue": "gauge", "placements": "counter", "rejections": "counter",
     "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
-    "model_replicas": "gauge", "model_memory_bytes": "gauge",
+    "model_replicas": "gauge", "model_memory_bytes": "gauge", "admissions": "counter",
+    "admission_wait_seconds": "counter",
 }
 WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
                    "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",
@@ -137,6 +138,8 @@ def test_every_family_matches_state_json_at_the_same_moment(env):
     c = st["counters"]
     assert samples("placements", "_total")[()] == c["placements"] >= 13
     assert samples("admission_queue")[()] == st["policy"]["admission_queue"]
+    assert samples("admissions", "_total")[()] == c["admissions"]
+    assert samples("admission_wait_seconds", "_total")[()] == pytest.approx(c["admission_wait_s"])
     assert samples("unplaceable_actions")[()] == sum(u["count"] for u in st["policy"]["unplaceable"])
     assert samples("model_loads", "_total") == {(("model", m),): v for m, v in c["loads"].items()}
     ev.set()

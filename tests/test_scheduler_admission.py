@@ -88,3 +88,55 @@ def test_a_bad_expected_s_is_refused_by_name_and_changes_nothing():
             assert out["status"] == "error" and "expected_s" in out["message"], bad
             assert "t" not in plugin.policy.admission_queue and "t" not in plugin._admitted
         assert tangram_dask.begin_trajectory(client, "t", expected_s=3) == {"status": "OK"}
+
+
+def test_expect_trajectories_queues_a_step_at_once_so_the_gate_orders_all_of_it():
+    """Six trajectories queued in one call on 2 slots (2 in flight before anything is learned), with
+    admit_long=1.5: the mean expectation given is 60 s, so the two over 90 s are admitted first, longest
+    first, although they were named after others; begin_trajectory then returns at once for them and
+    waits for the others, which go in the order named."""
+    plugin = tangram_dask.TangramSchedulerPlugin(
+        "tangram", tangram=TangramOptions(admission=1.0, admit_long=1.5), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        expected = {"a": 10.0, "b": 10.0, "c": 100.0, "d": 60.0, "e": 120.0, "f": None}
+        assert tangram_dask.expect_trajectories(client, expected) == {"status": "OK", "queued": 6}
+        deadline = time.monotonic() + 10
+        while len(plugin._admitted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert plugin._admitted == {"c", "e"}
+        assert list(plugin.policy.admission_queue) == ["a", "b", "d", "f"]
+        assert tangram_dask.begin_trajectory(client, "e") == {"status": "OK"}  # admitted already: at once
+        # named again (even with another expectation): its place is kept
+        assert tangram_dask.expect_trajectories(client, {"a": 500.0, "c": 1.0}) == {"status": "OK", "queued": 0}
+        admitted = threading.Event()
+        waiter = threading.Thread(target=lambda: (tangram_dask.begin_trajectory(client, "a"), admitted.set()))
+        waiter.start()
+        time.sleep(0.3)
+        assert not admitted.is_set()  # waits for its admission
+        tangram_dask.end_trajectory(client, "c")
+        assert admitted.wait(10)
+        waiter.join(5)
+        assert plugin._admitted == {"a", "e"}
+        # each admission is counted and logged (topic "tangram"), with how long it waited
+        events = [m for _, m in client.get_events("tangram") if m["action"] == "tangram-admission"]
+        assert [m["trajectory"] for m in events] == ["e", "c", "a"]
+        assert events[0]["waited_s"] < events[2]["waited_s"]  # a waited for c to end
+        monitor = cluster.scheduler.plugins["tangram-monitor"]
+        assert monitor.counters.admissions == 3
+        assert monitor.counters.admission_wait_s == pytest.approx(sum(m["waited_s"] for m in events), abs=1e-5)
+
+
+def test_a_bad_expect_trajectories_names_the_entry_and_queues_nothing():
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        for bad, words in (([("a", 1.0)], "must be a mapping"), ({"a": 1.0, "b": -2}, "trajectory 'b'"),
+                           ({"a": 1.0, 7: 2.0}, "the name 7 is not a string"), ({"a": "soon"}, "expected_s")):
+            with pytest.raises(tangram_dask.TrajectoryError, match=words):
+                tangram_dask.expect_trajectories(client, bad)
+            # a raw call that skips the client's check: refused whole by the scheduler, which goes on
+            out = client.sync(client.scheduler.tangram_expect_trajectories, trajectories=bad)
+            assert out["status"] == "error" and words in out["message"], bad
+            assert not plugin.policy.admission_queue and not plugin._admitted and not plugin._admissions
+        assert tangram_dask.expect_trajectories(client, {"a": 1.0}) == {"status": "OK", "queued": 1}

@@ -19,6 +19,8 @@ Scheduler families (all read from :meth:`TangramView.state`):
 - ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
   ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
   (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
+- ``dask_tangram_admissions_total``, ``dask_tangram_admission_wait_seconds_total``: trajectories admitted, and
+  the seconds they waited for it (their ratio is the mean wait)
 - ``dask_tangram_model_replicas{model,state}``: reward-model replicas the workers report loading or resident;
   ``dask_tangram_model_memory_bytes{worker,gpu,model}``: the bytes they hold on each GPU, as each worker measured
   them (by CUDA where the model went to CUDA, else its parameter bytes)
@@ -111,6 +113,9 @@ class TangramSchedulerCollector(PrometheusCollector):
         yield _counter(n("rejections"), "Actions erred before placement (bad spec, unknown model, no quota)",
                        L, me, c["rejections"])
         yield _counter(n("errors"), "Actions that erred while running", L, me, c["errors"])
+        yield _counter(n("admissions"), "Trajectories admitted through the gate", L, me, c["admissions"])
+        yield _counter(n("admission_wait_seconds"), "Seconds the admitted trajectories waited for admission, summed",
+                       L, me, c["admission_wait_s"])
         for name, doc, label, values in (
                 ("model_loads", "Model replica loads granted", "model", c["loads"]),
                 ("model_evictions", "Model replicas evicted", "worker", c["evictions"]),

@@ -162,6 +162,8 @@ class Counters:
     cold_starts: dict[str, int] = field(default_factory=dict)  # by worker: sandboxes the policy chose to start cold
     rejections: int = 0
     errors: int = 0
+    admissions: int = 0         # trajectories admitted through the gate
+    admission_wait_s: float = 0.0  # the seconds they waited for it, summed
 
 
 class TangramMonitor(SchedulerPlugin):
@@ -177,6 +179,18 @@ class TangramMonitor(SchedulerPlugin):
         listeners = getattr(plugin, "load_listeners", None)
         if listeners is not None:
             listeners.append(self._background_load)
+        listeners = getattr(plugin, "admit_listeners", None)
+        if listeners is not None:
+            listeners.append(self._admitted)
+
+    def _admitted(self, trajectory: str, waited_s: float) -> None:
+        """A trajectory admitted (no task transition shows one): counted, and logged on the topic
+        ``tangram`` only (one per trajectory: many in a step, as placements are)."""
+        c = self.counters
+        c.admissions += 1
+        c.admission_wait_s += waited_s
+        if self.events:
+            emit(self.plugin.scheduler, "admission", trajectory=trajectory, waited_s=round(waited_s, 6))
 
     def _background_load(self, d: Any) -> None:
         """A ``Load`` decision (a replica loaded ahead of its actions): counted and logged like a load
