@@ -254,6 +254,20 @@ def test_idle_trajectories_are_forgotten_after_the_ttl_and_active_ones_kept():
     assert len(pol._seen) == 1
 
 
+def test_an_admitted_trajectory_that_never_issues_an_action_expires_and_frees_its_place():
+    """A rollout that was admitted and then died before its first action (or was queued with
+    expect_trajectories and never began) must not hold a place of the gate for ever: the TTL counts
+    from its admission."""
+    pol = TangramPolicy(make_cluster(cpu=[{"slots": 1}]), {}, [], trajectory_ttl_s=10.0,
+                        options=TangramOptions(admission=1.0))
+    for t in ("silent", "next"):
+        pol.begin_trajectory(t, 0.0)
+    assert [d.trajectory for d in pol.schedule(0.0)] == ["silent"]
+    assert pol.schedule(9.0) == []
+    assert [d.trajectory for d in pol.schedule(10.5)] == ["next"]
+    assert pol.active == 1
+
+
 def test_no_ttl_keeps_every_trajectory_until_it_is_ended():
     pol = TangramPolicy(make_cluster(cpu=[{"slots": 1}]), {}, [])
     pol.submit(0, make_spec("tests", hint_s=1.0, trajectory="t", affinity="trajectory"), 0.0)

@@ -96,6 +96,8 @@ class AdmissionGate:
             if self._long_seq:
                 self._long_seq.pop(t, None)
             self.admitted.add(t)
+            if self.trajectory_ttl_s is not None:
+                self._touch(t, now)  # one admitted that never issues an action still expires, and frees its place
             active = len(self.admitted)
             self.fresh.add(t)
             self.last_end[t] = now
