@@ -73,6 +73,8 @@ def simulate(gen: Generated, cluster: ClusterSpec, policy: str, *, audit: bool =
     out["cluster"] = cluster.name
     if pol.beyond_contract:  # options that load replicas the contract does not (WORKLOAD.md): said beside the figures
         out["beyond_contract"] = list(pol.beyond_contract)
+    if trajectory_hints is not None:  # the world told more than WORKLOAD.md's: said beside the figures too
+        out["trajectory_hints"] = trajectory_hints
     out["sim_wall_s"] = round(res.wall_s, 3)
     out["decisions"] = res.decisions
     if time_policy and res.decisions:

@@ -171,6 +171,11 @@ def format_table(results: list[dict[str, Any]]) -> str:
             opts = ", ".join(r["beyond_contract"])
             lines.append(f"note: {r['policy']} ran with {opts}, beyond WORKLOAD.md (replicas wider than its "
                          f"smallest k): its figures are not measured under the contract")
+    hinted = [r for r in results if r.get("trajectory_hints") is not None]
+    if hinted:
+        lines.append(f"note: every trajectory began with a hint of its length (--trajectory-hints "
+                     f"{hinted[0]['trajectory_hints']:g}), beyond WORKLOAD.md: these figures are not measured under "
+                     f"the contract")
     return "\n".join(lines)
 
 

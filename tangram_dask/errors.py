@@ -4,7 +4,7 @@
     ├── SpecError (ValueError)      an action spec is wrong: the caller's fault
     ├── FileFormatError (ValueError) a workload or cluster file is wrong: the file's fault
     ├── ConfigError (ValueError)    a ``tangram:`` dask config key is unknown or has a bad value
-    ├── TrajectoryError (ValueError) a trajectory call (``begin_trajectory``) got a bad argument
+    ├── TrajectoryError (ValueError) ``begin_trajectory`` or ``expect_trajectories`` got a bad argument
     ├── PluginMissingError          actions sent to a scheduler without the tangram plugin
     ├── PlacementError              the scheduler could not place an action (plugin side)
     ├── ModelError                  a reward model could not be registered, loaded or used
@@ -68,7 +68,8 @@ class ConfigError(TangramError, ValueError):
 
 
 class TrajectoryError(TangramError, ValueError):
-    """``begin_trajectory`` got a bad argument (``expected_s``); the message names it and what was given."""
+    """``begin_trajectory`` or ``expect_trajectories`` got a bad argument (an ``expected_s``, a name, not a
+    mapping); the message names it and what was given."""
 
 
 class PluginMissingError(TangramError):

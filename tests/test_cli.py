@@ -314,3 +314,7 @@ def test_a_run_beyond_the_contract_says_so_beside_its_figures(capsys):
     assert code == 0 and json.loads(out)["beyond_contract"] == ["grow"]
     code, out, _ = _bench(capsys, SMALL, LAPTOP, "--policy", "tangram", "--no-progress")
     assert code == 0 and "beyond" not in out
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--trajectory-hints", "0.5", "-o", "admit_long=2", "--no-progress")
+    assert code == 0 and "note: every trajectory began with a hint of its length (--trajectory-hints 0.5)" in out
+    code, out, _ = _bench(capsys, SMALL, LAPTOP, "--policy", "tangram", "--trajectory-hints", "0", "--json")
+    assert code == 0 and json.loads(out)["trajectory_hints"] == 0.0
