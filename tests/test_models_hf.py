@@ -225,20 +225,24 @@ def test_a_live_cluster_loads_it_on_the_granted_gpu_and_scores(model_dir, scorer
 def test_a_registration_makes_gpu_workers_import_the_models_libraries_before_any_load(model_dir):
     """``tangram.worker.prepare-models`` (default on): on registration each GPU worker calls the loader's
     ``prepare()`` in the background, so the first load does not pay the import (on the H200 a first load of
-    MiniLM took 9-14 s, its reloads 0.1 s). A worker with it off imports nothing until a load."""
+    MiniLM took 9-14 s, its reloads 0.1 s). A worker with it off imports nothing until a load, and neither does
+    one where no replica of the model can ever be placed (one GPU of 0.01 GB for a 0.02 GB replica)."""
     plugin = TangramSchedulerPlugin("tangram", models={"rm-hf": ModelSpec("rm-hf", 0.02, 2.0)}, pipeline=0)
     off = gpu_worker("gpu-off", 1, 0.02)
     off["options"]["config"]["tangram"]["worker"]["prepare-models"] = False
-    with start(plugin, {"gpu-on": gpu_worker("gpu-on", 1, 0.02), "gpu-off": off}) as cluster, \
-            Client(cluster) as client:
-        client.wait_for_workers(2)
-        wait_until(lambda: len(plugin.nodes) == 2, what="the GPU workers' declarations")
+    with start(plugin, {"gpu-on": gpu_worker("gpu-on", 1, 0.02), "gpu-off": off,
+                        "gpu-tiny": gpu_worker("gpu-tiny", 1, 0.01)}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
+        wait_until(lambda: len(plugin.nodes) == 3, what="the GPU workers' declarations")
         before = client.run(imported)
-        assert [w["transformers"] for w in before.values()] == [False, False]  # a fresh worker has not imported it
+        assert [w["transformers"] for w in before.values()] == [False] * 3  # a fresh worker has not imported it
         register_model(client, "rm-hf", sequence_classifier(model_dir), memory_gb=0.02, load_s=2.0)
         names = {w: info["name"] for w, info in client.scheduler_info()["workers"].items()}
-        wait_until(lambda: any(v["prepared"] for v in client.run(imported).values()), timeout=120,
+        on = next(w for w, n in names.items() if n == "gpu-on")
+        wait_until(lambda: client.run(imported, workers=[on])[on]["prepared"], timeout=120,
                    what="the registration's prepare()")
         after = {names[w]: v for w, v in client.run(imported).items()}
         assert after["gpu-on"] == {"prepared": {"rm-hf": "ok"}, "replicas": 0, "transformers": True}
         assert after["gpu-off"] == {"prepared": {}, "replicas": 0, "transformers": False}
+        assert after["gpu-tiny"] == {"prepared": {"rm-hf": "not prepared here: a replica (0.02 GB) needs 2 GPUs of "
+                                                  "0.01 GB, this worker has 1"}, "replicas": 0, "transformers": False}

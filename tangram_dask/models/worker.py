@@ -26,6 +26,7 @@ from typing import Any
 
 from distributed.protocol.pickle import loads
 
+from ..cluster import ModelSpec
 from ..errors import ModelError
 from ..messages import (MODELS_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER, WORKER_LOAD_HANDLER,
                         WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport, WorkerDeclaration, granted)
@@ -68,7 +69,7 @@ class WorkerResidency:
         self.registrations: dict[str, ModelRegistration] = {}
         self._loaders: dict[str, Any] = {}
         self.prepare = prepare  # tangram.worker.prepare-models
-        self.prepared: dict[str, str] = {}  # model -> "ok", or why its loader's prepare() failed
+        self.prepared: dict[str, str] = {}  # model -> "ok", or why its loader's prepare() failed or did not run here
         # grants for models this worker has no registration for (e.g. models the scheduler only plans, as the
         # live benchmark's): nothing is loaded unless the action asks for the model (reward_model)
         self._deferred: dict[Any, tuple[int, str, tuple[int, ...], tuple[int, ...]]] = {}
@@ -107,8 +108,22 @@ class WorkerResidency:
             self._loaders.pop(reg.name, None)
             self.residency.forget_loads(reg.name)  # a new loader's first load is a first again
             if self.prepare:
-                threading.Thread(target=self._prepare, args=(reg.name, reg.loader), daemon=True,
-                                 name=f"tangram-prepare-{reg.name}").start()
+                why = self._hosts_none(reg)
+                if why:
+                    self.prepared[reg.name] = why
+                else:
+                    threading.Thread(target=self._prepare, args=(reg.name, reg.loader), daemon=True,
+                                     name=f"tangram-prepare-{reg.name}").start()
+
+    def _hosts_none(self, reg: ModelRegistration) -> str:
+        """Why no replica of ``reg`` can ever be placed here ("" if one can), by the policy's own rule
+        (:meth:`ModelSpec.replica_gpus`): then preparing it would import its libraries for nothing."""
+        d = self.declaration
+        k = ModelSpec(reg.name, reg.memory_gb, reg.load_s).replica_gpus(reg.units[0], d.gpu_memory_gb)
+        if k <= d.gpus:
+            return ""
+        return (f"not prepared here: a replica ({reg.memory_gb:g} GB) needs {k} GPUs of {d.gpu_memory_gb:g} GB, "
+                f"this worker has {d.gpus}")
 
     def _prepare(self, name: str, pickled: bytes) -> None:
         """``prepare-models``: the loader's ``prepare()`` (imports, no model loaded), in the background. The first
