@@ -1206,9 +1206,10 @@ def test_api_whole_reads_the_api_demand_of_whole_trajectories_not_of_the_short_o
 
 def test_trajectory_hints_change_nothing_unless_admit_long_reads_them_and_then_shorten_the_step():
     """The standard files with exact trajectory hints (``trajectory_hints=0``, beyond WORKLOAD.md): off
-    (the default), the hints change no figure of any policy; with ``admit_long=2`` the long trajectories
-    are admitted first (trajectory 198, 41 turns, sets the step when admitted at 203 s) and the step falls
-    (388.0 -> 319.6 s), at a cost in ACT (2.85 -> 2.97 s) that stays under static's (4.05 s)."""
+    (the default), the hints change no figure of any policy. With ``admit_long=2`` the long trajectories
+    are admitted first (trajectory 198, 41 turns, sets the step when admitted at 203 s) and the gate holds
+    fewer in flight (``long_knee``): ACT and step both fall (2.85 / 388.0 -> 2.81 / 319.1). The order alone
+    (the long_* targets set back to the gate's defaults) shortens the step at a cost in ACT (2.97 / 319.6)."""
     gen = generate(load_workload("resources/bench/standard.yaml"))
     cl = load_cluster("resources/bench/cluster-standard.yaml")
     keys = ("act_mean_s", "step_s", "model_loads", "restores")
@@ -1220,7 +1221,13 @@ def test_trajectory_hints_change_nothing_unless_admit_long_reads_them_and_then_s
             default = plain
         elif policy == "static":
             static = plain
-    long_first = bench_simulate(gen, cl, "tangram", options=TangramOptions(admit_long=2.0), trajectory_hints=0.0,
-                                audit=True)
-    assert long_first["step_s"] < 0.9 * default["step_s"]
-    assert default["act_mean_s"] < long_first["act_mean_s"] < static["act_mean_s"]
+    both = bench_simulate(gen, cl, "tangram", options=TangramOptions(admit_long=2.0), trajectory_hints=0.0,
+                          audit=True)
+    assert both["step_s"] < 0.9 * default["step_s"] and both["act_mean_s"] < default["act_mean_s"]
+    order = TangramOptions(admit_long=2.0, long_knee=0.8, long_gpu_lean=0.7, long_model=0.5)
+    order_only = bench_simulate(gen, cl, "tangram", options=order, trajectory_hints=0.0)
+    assert order_only["step_s"] < 0.9 * default["step_s"]
+    assert default["act_mean_s"] < order_only["act_mean_s"] < static["act_mean_s"]
+    # without expectations, admit_long changes nothing (its targets apply once one was given)
+    assert [bench_simulate(gen, cl, "tangram", options=TangramOptions(admit_long=2.0))[k] for k in keys] == \
+        [default[k] for k in keys]

@@ -147,9 +147,14 @@ class TangramOptions:
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
                                 # load adds (Erlang C) to every model whose replicas it evicts or blocks
-    admit_long: float = 0.0     # >0 (opt-in: trades ACT for the step): a waiting trajectory whose expected length
-                                # (begin_trajectory's expected_s) is over this x the mean of those given is admitted
-                                # first, longest first; the rest in the order they asked
+    admit_long: float = 0.0     # >0 (opt-in): a waiting trajectory whose expected length (begin_trajectory's
+                                # expected_s) is over this x the mean of those given is admitted first, longest
+                                # first; the rest in the order they asked. Once one was given, the gate holds
+                                # fewer in flight (the three long_* below replace their admission_* knobs): a late
+                                # long trajectory no longer sets the step
+    long_knee: float = 0.55     # (with admit_long, once an expectation was given) admission_knee
+    long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
+    long_model: float = 0.4     # (the same) admission_model
 
 
 class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
@@ -262,6 +267,11 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             return super().begin_trajectory(trajectory, now)
         self.admission_queue[trajectory] = now
         if expected_s is not None and self.opt.admit_long:
+            if not self._expected.n:  # the first expectation: the gate's targets for long-first admission
+                o = self.opt
+                self.opt = replace(o, admission_knee=o.long_knee, admission_gpu_lean=o.long_gpu_lean,
+                                   admission_model=o.long_model)
+                self._limit_dirty = True
             self._expected.add(expected_s)
             self._long_seq[trajectory] = self._expected.n
             heapq.heappush(self._long, (-expected_s, self._expected.n, trajectory))
