@@ -52,8 +52,8 @@ async def rollout(client: Client, prompt: str) -> float:
 
 
 async def main(arrival_order: bool) -> None:
-    # the gate admits the long ones first; once they go first, it can hold fewer in flight (docs/scheduling.md)
-    options = TangramOptions() if arrival_order else TangramOptions(admit_long=2.0, admission_knee=0.55)
+    # the gate admits the long ones first, and, once they go first, holds fewer in flight (docs/scheduling.md)
+    options = TangramOptions() if arrival_order else TangramOptions(admit_long=2.0)
     plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=options)
     async with LocalCluster(n_workers=2, threads_per_worker=2, resources={"slots": 2}, dashboard_address=":0",
                             asynchronous=True, scheduler_kwargs={"plugins": [plugin]}) as cluster:
