@@ -199,7 +199,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
 @click.option("--trajectory-hints", "hint_sigma", type=click.FloatRange(min=0), default=None, metavar="SIGMA",
               help="Beyond WORKLOAD.md: begin each trajectory with a hint of its length, its ideal length x "
                    "exp(SIGMA x N(0, 1)) (0: exact), as an RL framework may know from earlier epochs; the policy "
-                   "option admit_long reads it (-o admit_long=2). Simulated runs only.")
+                   "option admit_long reads it (-o admit_long=2). Live, each step is queued whole with the same "
+                   "hints (expect_trajectories).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write PNG figures of the run into DIR (ACT CDF, utilization over time, step); "
                    "needs matplotlib: pip install 'tangram-dask[plots]'.")
@@ -213,9 +214,6 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity:
     from .cluster import load_cluster
     from .workload import load_workload
 
-    if live and hint_sigma is not None:
-        raise click.UsageError("--trajectory-hints draws hints in the simulator; live, a rollout passes its own "
-                               "(tangram_dask.begin_trajectory(client, t, expected_s=...))")
     if plot_dir is not None:
         if live:
             raise click.UsageError("--plot draws simulated runs; it cannot be combined with --live")
@@ -236,7 +234,8 @@ def bench(workload: str, cluster: str, policies: tuple[str, ...] | None, parity:
     if live:
         from .live import run_live
 
-        results = run_live(wl, cl, policies=policies, time_scale=time_scale, options=options)
+        results = run_live(wl, cl, policies=policies, time_scale=time_scale, options=options,
+                           trajectory_hints=hint_sigma)
     else:
         from .bench import run
 

@@ -32,7 +32,9 @@ from .costs import CostModel
 from .messages import Grant, granted
 from .metrics import summarize
 from .policy import TangramOptions, initial_replicas
+from .messages import EXPECT_TRAJECTORIES_HANDLER
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
+from .sim import trajectory_hints as _hints
 from .spec import ActionSpec
 from .workload import Generated, WorkloadSpec, generate
 
@@ -95,7 +97,7 @@ def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scal
 
 async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale: float, pipeline: int | None,
                    progress: Callable[[str, int, int], None] | None, low_latency: bool,
-                   options: TangramOptions | None = None) -> dict[str, Any]:
+                   options: TangramOptions | None = None, hint_sigma: float | None = None) -> dict[str, Any]:
     spec = gen.spec
     kinds = spec.kinds
     n = gen.n_actions
@@ -155,10 +157,14 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
                         progress(policy, counts["done"], n)
                 await getattr(client.scheduler, END_TRAJECTORY_HANDLER)(trajectory=name)
 
+            hints = None if hint_sigma is None else _hints(gen, _ideal(gen, cluster)[0], hint_sigma).tolist()
             for s in range(spec.steps):
                 if s:
                     await asyncio.sleep(spec.train_time_s * time_scale)
                 step_start.append(now())
+                if hints is not None:  # the step queued whole, with its hints, as the simulator begins it
+                    await getattr(client.scheduler, EXPECT_TRAJECTORIES_HANDLER)(trajectories={
+                        f"{t // per_step}/{t % per_step}": hints[t] for t in range(s * per_step, (s + 1) * per_step)})
                 await asyncio.gather(*(trajectory(t) for t in range(s * per_step, (s + 1) * per_step)))
                 step_end.append(now())
             snap = plugin.snapshot()
@@ -170,6 +176,8 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
     out["cluster"] = cluster.name
     if plugin.policy.beyond_contract:  # as the simulator's bench says it (wider replicas than WORKLOAD.md's)
         out["beyond_contract"] = list(plugin.policy.beyond_contract)
+    if hint_sigma is not None:
+        out["trajectory_hints"] = hint_sigma
     out["live"] = True
     out["time_scale"] = time_scale
     out["decisions"] = snap.get("decisions", 0)
@@ -212,7 +220,7 @@ def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float
 def run_live(workload_spec: WorkloadSpec, cluster_spec: ClusterSpec, policies: tuple[str, ...] = ("tangram", "fifo"),
              time_scale: float = 0.2, *, pipeline: int | None = None, low_latency: bool = True,
              progress: Callable[[str, int, int], None] | None = None,
-             options: TangramOptions | None = None) -> list[dict[str, Any]]:
+             options: TangramOptions | None = None, trajectory_hints: float | None = None) -> list[dict[str, Any]]:
     """Replay ``generate(workload_spec)`` live for each policy; the metrics of ``bench.simulate``, rescaled.
 
     ``time_scale``: wall seconds per workload second. Each millisecond Dask takes to dispatch an action
@@ -221,10 +229,12 @@ def run_live(workload_spec: WorkloadSpec, cluster_spec: ClusterSpec, policies: t
     ACT 10-16% above the simulator's, at 0.2 2-5% (docs/placement.md).
     ``low_latency`` shortens Dask's message batching to 1 ms for the run (see :func:`_low_latency`);
     ``pipeline`` is the plugin's CPU dispatch-ahead (None: as shipped; it pipelines, never changes sizing);
-    ``options`` are the tangram policy's knobs, as in the simulator.
+    ``options`` are the tangram policy's knobs, as in the simulator; ``trajectory_hints`` (a sigma, beyond
+    WORKLOAD.md) queues each step whole with the simulator's hints (``expect_trajectories``).
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale = {time_scale!r}: must be > 0")
     gen = generate(workload_spec)
-    return [asyncio.run(_run_one(gen, cluster_spec, p, time_scale, pipeline, progress, low_latency, options))
+    return [asyncio.run(_run_one(gen, cluster_spec, p, time_scale, pipeline, progress, low_latency, options,
+                                 trajectory_hints))
             for p in policies]

@@ -81,6 +81,16 @@ class _Timed:
         return timed
 
 
+def trajectory_hints(gen: Generated, ideal: np.ndarray, sigma: float) -> np.ndarray:
+    """Beyond WORKLOAD.md (opt-in): what an RL framework may know of each trajectory's length before it
+    starts (the same prompt's rollouts in earlier epochs): its ideal length (LLM delays plus ``ideal``,
+    each action's ideal time) x exp(sigma x N(0, 1)), drawn from a stream of its own, so every other draw
+    stays. The simulator and the live benchmark give the same hints."""
+    length = np.add.reduceat(gen.llm + ideal, gen.first[:-1]) if gen.n_actions else np.zeros(0)
+    noise = np.random.default_rng((gen.spec.seed, 0x68696E74)).standard_normal(gen.n_trajectories)
+    return length * np.exp(sigma * noise)
+
+
 class Simulator:
     """One heap of ``(time, order, seq, payload)``; three handlers; one scheduling pass per instant.
 
@@ -165,7 +175,8 @@ class Simulator:
         fixed = np.array([self.costs.ideal_s(p, 0.0) for p in self.proto])
         factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
         self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
-        self.traj_hint = self._trajectory_hints() if self.hint_sigma is not None else None
+        self.traj_hint = (trajectory_hints(g, self.ideal, self.hint_sigma).tolist()
+                          if self.hint_sigma is not None else None)
         self.home: dict[int, str] = {}
         self._cost_of: dict[tuple, tuple[float, float]] = {}
         self.run_s = [-1.0] * n  # set when it starts
@@ -199,15 +210,6 @@ class Simulator:
         hints = self.traj_hint
         for t in range(s * self.per_step, (s + 1) * self.per_step):
             self.pol.begin_trajectory(self.names[t], now, None if hints is None else hints[t])
-
-    def _trajectory_hints(self) -> list[float]:
-        """Beyond WORKLOAD.md (opt-in): what an RL framework may know of each trajectory's length before it
-        starts (the same prompt's rollouts in earlier epochs): its ideal length (LLM delays plus ideal
-        action times) x exp(sigma x N(0, 1)), drawn from a stream of its own, so every other draw stays."""
-        g = self.gen
-        length = np.add.reduceat(g.llm + self.ideal, g.first[:-1]) if g.n_actions else np.zeros(0)
-        noise = np.random.default_rng((g.spec.seed, 0x68696E74)).standard_normal(g.n_trajectories)
-        return (length * np.exp(self.hint_sigma * noise)).tolist()
 
     def _issue(self, a: int, now: float) -> None:
         self.issue[a] = now

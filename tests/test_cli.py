@@ -129,7 +129,6 @@ USAGE_ERRORS = [
     # --live runs tangram and fifo by default (the issue's `bench --live small.yaml cluster-laptop.yaml --json`
     # failed on static, the default's third policy, with exit status 1); static asked for is a usage error
     ("live-static", ["bench", SMALL, LAPTOP, "--live", "--policy", "fifo,static"], "--live runs tangram and fifo"),
-    ("hints-live", ["bench", SMALL, LAPTOP, "--live", "--trajectory-hints", "0.5"], "--trajectory-hints draws hints"),
     ("hints-negative", ["bench", SMALL, LAPTOP, "--trajectory-hints", "-1"], "'--trajectory-hints': -1.0 is not"),
     ("unknown-command", ["benchmark"], "No such command 'benchmark'"),
     ("no-command", [], "Commands:\n  bench"),  # click prints the group's help, exit status 2
@@ -225,7 +224,9 @@ PLUMBING = [
      dict(options={"admission": 0.0, "aging": 2.5})),
     ("live", ["--live", "--policy", "fifo", "--time-scale", "0.01", "-o", "price=1"], "live",
      dict(policies=("fifo",), time_scale=0.01, options={"price": 1.0})),
-    ("live-defaults", ["--live"], "live", dict(policies=("tangram", "fifo"), time_scale=0.2, options=None)),
+    ("live-defaults", ["--live"], "live", dict(policies=("tangram", "fifo"), time_scale=0.2, options=None,
+                                               trajectory_hints=None)),
+    ("live-hints", ["--live", "--trajectory-hints", "0.5"], "live", dict(trajectory_hints=0.5)),
 ]
 
 

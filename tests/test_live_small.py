@@ -49,3 +49,28 @@ def test_a_live_run_beyond_the_contract_says_so_as_the_simulator_does():
     assert live["beyond_contract"] == ["grow"]
     assert simulate(generate(wl), cl, "tangram", options=TangramOptions(grow=1.0))["beyond_contract"] == ["grow"]
     assert "beyond_contract" not in simulate(generate(wl), cl, "tangram")
+
+
+def test_a_live_run_with_trajectory_hints_queues_each_step_with_the_simulators_hints(monkeypatch):
+    """``trajectory_hints``: live, each step is queued whole (``expect_trajectories``) with the hints the
+    simulator gives, and the result says so as the simulator's does."""
+    import tangram_dask.live as live_mod
+    from tangram_dask.policy import TangramOptions
+    from tangram_dask.sim import Simulator
+
+    wl, cl = _tiny()
+    seen: list[dict] = []
+    real = live_mod.TangramSchedulerPlugin._handle_expect_trajectories
+
+    def spy(self, trajectories=None):
+        seen.append(dict(trajectories))
+        return real(self, trajectories)
+
+    monkeypatch.setattr(live_mod.TangramSchedulerPlugin, "_handle_expect_trajectories", spy)
+    (live,) = run_live(wl, cl, ("tangram",), time_scale=0.05, options=TangramOptions(admit_long=2.0),
+                       trajectory_hints=0.5)
+    assert live["trajectory_hints"] == 0.5 and live["actions"] == generate(wl).n_actions
+    sim = Simulator(generate(wl), cl, None, trajectory_hint_sigma=0.5)
+    sim._setup()
+    assert seen == [{f"0/{t}": h for t, h in enumerate(sim.traj_hint)}]
+    assert simulate(generate(wl), cl, "tangram", trajectory_hints=0.5)["trajectory_hints"] == 0.5
