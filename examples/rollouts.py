@@ -52,8 +52,9 @@ async def rollout(client: Client, prompt: str) -> float:
 
 
 async def main(arrival_order: bool) -> None:
-    # the gate admits the long ones first, and, once they go first, holds fewer in flight (docs/scheduling.md)
-    options = TangramOptions() if arrival_order else TangramOptions(admit_long=2.0)
+    # by default (admit_long) the gate admits the long ones first and, once they go first, holds fewer in
+    # flight (docs/scheduling.md); admit_long=0 ignores the expectations
+    options = TangramOptions(admit_long=0) if arrival_order else TangramOptions()
     plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=options)
     async with LocalCluster(n_workers=2, threads_per_worker=2, resources={"slots": 2}, dashboard_address=":0",
                             asynchronous=True, scheduler_kwargs={"plugins": [plugin]}) as cluster:

@@ -199,7 +199,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 @click.option("--trajectory-hints", "hint_sigma", type=click.FloatRange(min=0), default=None, metavar="SIGMA",
               help="Beyond WORKLOAD.md: begin each trajectory with a hint of its length, its ideal length x "
                    "exp(SIGMA x N(0, 1)) (0: exact), as an RL framework may know from earlier epochs; the policy "
-                   "option admit_long reads it (-o admit_long=2). Live, each step is queued whole with the same "
+                   "option admit_long (on by default) reads it. Live, each step is queued whole with the same "
                    "hints (expect_trajectories).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Also write PNG figures of the run into DIR (ACT CDF, utilization over time, step); "

@@ -89,9 +89,9 @@ def begin_trajectory(client: Any, trajectory: str, expected_s: float | None = No
     (``TangramOptions(admission=...)``) it waits while the external pool is
     saturated, so a rollout starts only when its tools will not queue.
     ``expected_s``: what you expect of the trajectory's length in seconds (say,
-    the same prompt's rollouts in earlier epochs); with ``admit_long`` on, the
-    gate admits the long ones first (docs/scheduling.md), otherwise it is
-    ignored. A bad one raises :class:`~tangram_dask.errors.TrajectoryError`.
+    the same prompt's rollouts in earlier epochs): the gate admits the long
+    ones first (``admit_long``, on by default; docs/scheduling.md). A bad one
+    raises :class:`~tangram_dask.errors.TrajectoryError`.
     Raises :class:`~tangram_dask.errors.PluginMissingError` where the scheduler
     does not run the tangram plugin. On an asynchronous client, returns an
     awaitable: ``await tangram_dask.begin_trajectory(client, "t-1")``.

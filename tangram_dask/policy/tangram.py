@@ -147,11 +147,12 @@ class TangramOptions:
                                 # within one group) of a model with demand on idle GPUs, replacing smaller ones of
                                 # it, when its actions' seconds saved over this x its horizon beat the waiting the
                                 # load adds (Erlang C) to every model whose replicas it evicts or blocks
-    admit_long: float = 0.0     # >0 (opt-in): a waiting trajectory whose expected length (begin_trajectory's
-                                # expected_s) is over this x the mean of those given is admitted first, longest
-                                # first; the rest in the order they asked. Once one was given, the gate holds
+    admit_long: float = 2.0     # >0: a waiting trajectory whose expected length (begin_trajectory's expected_s,
+                                # expect_trajectories) is over this x the mean of those given is admitted first,
+                                # longest first; the rest in the order they asked. Once one was given, the gate holds
                                 # fewer in flight (the three long_* below replace their admission_* knobs): a late
-                                # long trajectory no longer sets the step
+                                # long trajectory no longer sets the step. Without expectations it does nothing
+                                # (0: expectations are ignored)
     long_knee: float = 0.55     # (with admit_long, once an expectation was given) admission_knee
     long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
     long_model: float = 0.4     # (the same) admission_model
