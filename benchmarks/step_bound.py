@@ -58,6 +58,14 @@ def per_action(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, np.nda
     return res, work, rel, tail
 
 
+def critical_path(gen: Generated, cluster: ClusterSpec, rel: np.ndarray) -> float:
+    """The longest trajectory made of LLM delays and ideal actions (the ideal step): each one's last action's
+    earliest issue plus its ideal time."""
+    costs = CostModel.of(cluster, gen.spec.models)
+    specs = [k.spec(None, "t") for k in gen.spec.kinds]
+    return float(max(rel[a] + costs.ideal_s(specs[gen.kind[a]], gen.duration[a]) for a in gen.first[1:] - 1))
+
+
 def bound(res: np.ndarray, work: np.ndarray, rel: np.ndarray, tail: np.ndarray, capacity: dict[str, int],
           critical: float) -> tuple[float, str]:
     best, why = critical, "critical path"
@@ -87,10 +95,7 @@ def main() -> None:
     cl = load_cluster(a.cluster)
     options = TangramOptions(**{k: float(v) for k, v in (x.split("=", 1) for x in a.option)})
     res, work, rel, tail = per_action(gen, cl)
-    last = gen.first[1:] - 1  # the critical path: each trajectory's last action's earliest issue plus its ideal
-    costs = CostModel.of(cl, gen.spec.models)
-    specs = [k.spec(None, "t") for k in gen.spec.kinds]
-    critical = float(max(rel[a] + costs.ideal_s(specs[gen.kind[a]], gen.duration[a]) for a in last))
+    critical = critical_path(gen, cl, rel)
     static = simulate(gen, cl, "static")["step_s"]
     print(f"{gen.spec.name} on {cl.name}: static's step {static:.1f} s on the whole cluster; "
           f"critical path {critical:.1f} s")
