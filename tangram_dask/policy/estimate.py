@@ -36,6 +36,32 @@ class Welford:
 
 
 @dataclass(slots=True)
+class Covariance:
+    """Running means, variances and covariance of pairs (Welford's update), for a correlation."""
+    n: int = 0
+    mx: float = 0.0
+    my: float = 0.0
+    sxx: float = 0.0
+    syy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        dx = x - self.mx
+        self.mx += dx / self.n
+        dy = y - self.my
+        self.my += dy / self.n
+        self.sxx += dx * (x - self.mx)
+        self.syy += dy * (y - self.my)
+        self.sxy += dx * (y - self.my)
+
+    def corr(self) -> float:
+        """Pearson's correlation; 0 while either spread is 0."""
+        d = self.sxx * self.syy
+        return self.sxy / math.sqrt(d) if d > 0 else 0.0
+
+
+@dataclass(slots=True)
 class KindStats:
     work: Welford   # log of the true work on units_min
     error: Welford  # log(hint) - log(true work)

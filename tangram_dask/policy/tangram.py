@@ -40,7 +40,7 @@ from ..cluster import ModelSpec
 from ..spec import ActionSpec
 from .admission import AdmissionGate
 from .base import Policy, Running
-from .estimate import Estimator, Welford
+from .estimate import Covariance, Estimator, Welford
 from .gpus import GpuPlacement
 from .placement import Placement
 from .queues import Pending, Pool, Rate, Reservation, _pending
@@ -153,9 +153,12 @@ class TangramOptions:
                                 # fewer in flight (the three long_* below replace their admission_* knobs): a late
                                 # long trajectory no longer sets the step. Without expectations it does nothing
                                 # (0: expectations are ignored)
-    long_knee: float = 0.55     # (with admit_long, once an expectation was given) admission_knee
+    long_knee: float = 0.55     # (with admit_long, once the expectations are trusted) admission_knee
     long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
     long_model: float = 0.4     # (the same) admission_model
+    long_trust: float = 0.5     # the long_* targets apply while the expected and measured lengths (logs) of the
+                                # ended trajectories (8 at least) correlate at least this much (0: from the first
+                                # expectation given); the order does not wait for it
 
 
 class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
@@ -192,6 +195,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._long: list[tuple[float, int, str]] = []  # admit_long: (-expected_s, seq, trajectory), a heap, lazy
         self._long_seq: dict[str, int] = {}  # admit_long: waiting trajectory -> the seq of its live heap entry
         self._expected = Welford()  # admit_long: the expected lengths given (seconds)
+        self._hinted: dict[str, float] = {}  # admit_long: trajectory -> its expected length, until it ends
+        self._hint_fit = Covariance()  # admit_long: log expected vs log measured length of those that ended
+        self._opt0 = self.opt  # the options given (admit_long's targets replace three of them while trusted)
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
@@ -268,11 +274,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             return super().begin_trajectory(trajectory, now)
         self.admission_queue[trajectory] = now
         if expected_s is not None and self.opt.admit_long:
-            if not self._expected.n:  # the first expectation: the gate's targets for long-first admission
-                o = self.opt
-                self.opt = replace(o, admission_knee=o.long_knee, admission_gpu_lean=o.long_gpu_lean,
-                                   admission_model=o.long_model)
-                self._limit_dirty = True
+            if not self._expected.n and not self.opt.long_trust:
+                self._trust(True)
+            self._hinted[trajectory] = expected_s
             self._expected.add(expected_s)
             self._long_seq[trajectory] = self._expected.n
             heapq.heappush(self._long, (-expected_s, self._expected.n, trajectory))
@@ -295,6 +299,22 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         if t0 is not None:
             self.traj_n += 1
             self.traj_sum += now - t0
+        expected = self._hinted.pop(trajectory, None) if self._hinted else None
+        if expected is not None and t0 is not None and self.opt.long_trust and now > t0 and expected > 0:
+            c = self._hint_fit
+            c.add(math.log(expected), math.log(now - t0))
+            if c.n >= 8:
+                self._trust(c.corr() >= self.opt.long_trust)
+
+    def _trust(self, on: bool) -> None:
+        """``admit_long``: the gate's targets for long-first admission (the long_* knobs) while the expectations
+        given are trusted, its own otherwise."""
+        if on == (self.opt is not self._opt0):
+            return
+        o = self._opt0
+        self.opt = replace(o, admission_knee=o.long_knee, admission_gpu_lean=o.long_gpu_lean,
+                           admission_model=o.long_model) if on else o
+        self._limit_dirty = True
 
     @property
     def active(self) -> int:
