@@ -149,10 +149,10 @@ class TangramOptions:
                                 # load adds (Erlang C) to every model whose replicas it evicts or blocks
     admit_long: float = 2.0     # >0: a waiting trajectory whose expected length (begin_trajectory's expected_s,
                                 # expect_trajectories) is over this x the mean of those given is admitted first,
-                                # longest first; the rest in the order they asked. Once one was given, the gate holds
-                                # fewer in flight (the three long_* below replace their admission_* knobs): a late
-                                # long trajectory no longer sets the step. Without expectations it does nothing
-                                # (0: expectations are ignored)
+                                # longest first; the rest in the order they asked. While they are trusted
+                                # (long_trust), the gate holds fewer in flight (the three long_* below replace their
+                                # admission_* knobs): a late long trajectory no longer sets the step. Without
+                                # expectations it does nothing (0: expectations are ignored)
     long_knee: float = 0.55     # (with admit_long, once the expectations are trusted) admission_knee
     long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
     long_model: float = 0.4     # (the same) admission_model
