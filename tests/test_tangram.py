@@ -1206,9 +1206,9 @@ def test_api_whole_reads_the_api_demand_of_whole_trajectories_not_of_the_short_o
 
 @pytest.mark.parametrize("slope, trusted", [(1.0, True), (-1.0, False), (0.0, False)])
 def test_admit_long_tightens_the_gate_only_while_the_expectations_predict_the_lengths(slope, trusted):
-    """``long_trust``: the long_* targets replace the gate's own once 8 ended trajectories' expected and
-    measured lengths correlate (logs, >= 0.5), and not while they do not (here: lengths that grow with the
-    expectation, shrink with it, or ignore it)."""
+    """``long_trust``: long_knee and long_gpu_lean replace the gate's own once 8 ended trajectories' expected
+    and measured lengths correlate (logs, >= 0.5), and not while they do not (here: lengths that grow with the
+    expectation, shrink with it, or ignore it); long_model, the warm-up's, from the first expectation."""
     pol = TangramPolicy(make_cluster(cpu=[{"slots": 64}]), {}, [], options=TangramOptions(admission=1.0))
     expected = [10.0 * (i + 1) for i in range(10)]
     for i, e in enumerate(expected):
@@ -1217,13 +1217,14 @@ def test_admit_long_tightens_the_gate_only_while_the_expectations_predict_the_le
     for i in range(10):
         pol.submit(i, make_spec("code", hint_s=1.0, trajectory=f"t{i}"), 0.0)
     pol.schedule(0.0)
-    assert pol.opt.admission_knee == 0.8  # nothing ended yet: the gate's own targets
+    knobs = (pol.opt.admission_knee, pol.opt.admission_gpu_lean, pol.opt.admission_model)
+    assert knobs == (0.8, 0.7, 0.4)  # nothing ended yet: the gate's own targets, but the warm-up's
     lengths = [{1.0: e, -1.0: 1000.0 / e, 0.0: 50.0 + i % 2}[slope] for i, e in enumerate(expected)]
     for length, i in sorted((x, i) for i, x in enumerate(lengths)):  # in the order they end
         pol.finish(i, length, length)
         pol.end_trajectory(f"t{i}", length)
     knobs = (pol.opt.admission_knee, pol.opt.admission_gpu_lean, pol.opt.admission_model)
-    assert knobs == ((0.55, 0.5, 0.4) if trusted else (0.8, 0.7, 0.5))
+    assert knobs == ((0.55, 0.5, 0.4) if trusted else (0.8, 0.7, 0.4))
 
 
 def test_trajectory_hints_change_nothing_unless_admit_long_reads_them_and_then_shorten_the_step():

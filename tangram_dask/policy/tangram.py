@@ -149,15 +149,16 @@ class TangramOptions:
                                 # load adds (Erlang C) to every model whose replicas it evicts or blocks
     admit_long: float = 2.0     # >0: a waiting trajectory whose expected length (begin_trajectory's expected_s,
                                 # expect_trajectories) is over this x the mean of those given is admitted first,
-                                # longest first; the rest in the order they asked. While they are trusted
-                                # (long_trust), the gate holds fewer in flight (the three long_* below replace their
-                                # admission_* knobs): a late long trajectory no longer sets the step. Without
-                                # expectations it does nothing (0: expectations are ignored)
-    long_knee: float = 0.55     # (with admit_long, once the expectations are trusted) admission_knee
+                                # longest first; the rest in the order they asked. The gate then holds fewer in
+                                # flight (the three long_* below replace their admission_* knobs; two of them while
+                                # the expectations are trusted, long_trust): a late long trajectory no longer sets
+                                # the step. Without expectations it does nothing (0: expectations are ignored)
+    long_knee: float = 0.55     # (with admit_long, while the expectations are trusted) admission_knee
     long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
-    long_model: float = 0.4     # (the same) admission_model
-    long_trust: float = 0.5     # the long_* targets apply while the expected and measured lengths (logs) of the
-                                # ended trajectories (8 at least) correlate at least this much (0: from the first
+    long_model: float = 0.4     # (with admit_long, from the first expectation: the warm-up's per-model target acts
+                                # before any trajectory ended, so it cannot wait for the trust) admission_model
+    long_trust: float = 0.5     # long_knee and long_gpu_lean apply while the expected and measured lengths (logs) of
+                                # the ended trajectories (8 at least) correlate at least this much (0: from the first
                                 # expectation given); the order does not wait for it
 
 
@@ -197,7 +198,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._expected = Welford()  # admit_long: the expected lengths given (seconds)
         self._hinted: dict[str, float] = {}  # admit_long: trajectory -> its expected length, until it ends
         self._hint_fit = Covariance()  # admit_long: log expected vs log measured length of those that ended
-        self._opt0 = self.opt  # the options given (admit_long's targets replace three of them while trusted)
+        self._opt0 = self.opt  # the options given (admit_long's long_model in; its other targets while trusted)
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
         self.turn_units = {"cpu": 0.0, "gpu": 0.0, "api": 0.0}  # unit-seconds submitted, per resource
@@ -274,8 +275,11 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             return super().begin_trajectory(trajectory, now)
         self.admission_queue[trajectory] = now
         if expected_s is not None and self.opt.admit_long:
-            if not self._expected.n and not self.opt.long_trust:
-                self._trust(True)
+            if not self._expected.n:  # the first: the warm-up's per-model target (it acts before any end)
+                self.opt = self._opt0 = replace(self._opt0, admission_model=self._opt0.long_model)
+                self._limit_dirty = True
+                if not self.opt.long_trust:
+                    self._trust(True)
             self._hinted[trajectory] = expected_s
             self._expected.add(expected_s)
             self._long_seq[trajectory] = self._expected.n
@@ -307,13 +311,12 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._trust(c.corr() >= self.opt.long_trust)
 
     def _trust(self, on: bool) -> None:
-        """``admit_long``: the gate's targets for long-first admission (the long_* knobs) while the expectations
-        given are trusted, its own otherwise."""
+        """``admit_long``: the gate's targets for long-first admission (``long_knee``, ``long_gpu_lean``) while
+        the expectations given are trusted, its own otherwise."""
         if on == (self.opt is not self._opt0):
             return
         o = self._opt0
-        self.opt = replace(o, admission_knee=o.long_knee, admission_gpu_lean=o.long_gpu_lean,
-                           admission_model=o.long_model) if on else o
+        self.opt = replace(o, admission_knee=o.long_knee, admission_gpu_lean=o.long_gpu_lean) if on else o
         self._limit_dirty = True
 
     @property
