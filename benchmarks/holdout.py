@@ -13,7 +13,7 @@
 Prints tangram's ACT/static and step/static per variant, then per family: wins (both below
 static's) and the mean and max ratios. A rule tuned on ``variants.py`` should hold here too.
 
-    python benchmarks/holdout.py [-j 2] [-o key=value ...]
+    python benchmarks/holdout.py [-j 2] [-o key=value ...] [--trajectory-hints SIGMA]
 """
 
 from __future__ import annotations
@@ -111,11 +111,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("-o", "--policy-option", action="append", default=[])
+    ap.add_argument("--trajectory-hints", type=float, default=None, metavar="SIGMA",
+                    help="beyond WORKLOAD.md: tangram's trajectories begin with hints of their lengths (admit_long)")
     a = ap.parse_args()
     opts = {k: float(v) for k, v in (kv.split("=") for kv in a.policy_option)}
     jobs = [(f, w, c) for f, vs in families().items() for w, c in vs]
     with ProcessPoolExecutor(a.jobs) if a.jobs > 1 else V._Inline() as ex:
-        res = list(ex.map(V.measure, *zip(*[(f, w, c, opts, False) for f, w, c in jobs])))
+        res = list(ex.map(V.measure, *zip(*[(f, w, c, opts, False, a.trajectory_hints) for f, w, c in jobs])))
     by: dict[str, list[dict]] = {}
     for r in res:
         by.setdefault(r["family"], []).append(r)

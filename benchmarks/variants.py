@@ -27,6 +27,7 @@ Prints one line per variant with the ratios the targets are stated in, then
 min/mean/max of each ratio per family. Not a test: figures to read.
 
     python benchmarks/variants.py [--family std,gpu,tail,small,gpux,live,api,demo] [--quick] [-j 2] [-o key=value ...]
+                                  [--trajectory-hints SIGMA]
 """
 
 from __future__ import annotations
@@ -270,15 +271,17 @@ def family(name: str, quick: bool) -> list[tuple[dict, dict]]:
 COLS = ("act/ideal", "step/ideal", "act/stat", "step/stat", "act/fifo", "step/fifo")
 
 
-def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool) -> dict:
+def measure(fam: str, wd: dict, cd: dict, opts: dict, with_parity: bool, hints: float | None = None) -> dict:
+    """One variant: tangram (``opts``; ``hints``, a sigma: each trajectory begins with a hint of its length,
+    beyond WORKLOAD.md) against fifo and static."""
     options = TangramOptions(**opts)
     ws = parse_workload(wd, wd["name"])
     cs = parse_cluster(cd, cd["name"])
     gen = generate(ws)
-    t = simulate(gen, cs, "tangram", options=options)
+    t = simulate(gen, cs, "tangram", options=options, trajectory_hints=hints)
     f = simulate(gen, cs, "fifo")
     s = simulate(gen, cs, "static")
-    par = parity(gen, cs, s["step_s"], options=options) if with_parity else None
+    par = parity(gen, cs, s["step_s"], options=options, trajectory_hints=hints) if with_parity else None
     ratios = (t["act_mean_s"] / t["ideal_act_mean_s"], t["step_s"] / t["ideal_step_s"],
               t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
               t["act_mean_s"] / f["act_mean_s"], t["step_s"] / f["step_s"])
@@ -295,6 +298,8 @@ def main() -> None:
     ap.add_argument("--parity", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("-o", "--policy-option", action="append", default=[])
+    ap.add_argument("--trajectory-hints", type=float, default=None, metavar="SIGMA",
+                    help="beyond WORKLOAD.md: tangram's trajectories begin with hints of their lengths (admit_long)")
     a = ap.parse_args()
     opts = {}
     for kv in a.policy_option:
@@ -305,7 +310,7 @@ def main() -> None:
     print(f"{'variant':<16}{'cluster':<10}" + "".join(f"{c:>11}" for c in COLS)
           + f"{'parity':>7}{'loads':>6}{'fifo':>6}{'rest':>5}")
     with ProcessPoolExecutor(a.jobs) if a.jobs > 1 else _Inline() as ex:
-        results = list(ex.map(measure, *zip(*[(f, w, c, opts, a.parity) for f, w, c in jobs])))
+        results = list(ex.map(measure, *zip(*[(f, w, c, opts, a.parity, a.trajectory_hints) for f, w, c in jobs])))
     by_fam: dict[str, list[dict]] = {}
     for r in results:
         by_fam.setdefault(r["family"], []).append(r)
