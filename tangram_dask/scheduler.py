@@ -807,12 +807,18 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             return {"status": "OK"}
         ev = self._admissions.get(trajectory)
         if ev is None:
-            ev = self._admissions[trajectory] = asyncio.Event()
-            self._asked[trajectory] = self.now()
-            self.policy.begin_trajectory(trajectory, self._asked[trajectory], expected)
+            ev = self._ask(trajectory, self.now(), expected)
             self._kick()
         await ev.wait()
         return {"status": "OK" if trajectory in self._admitted else "ended"}
+
+    def _ask(self, trajectory: str, now: float, expected: float | None) -> asyncio.Event:
+        """A trajectory asks to be admitted: the event its ``begin_trajectory`` waits on, when it asked, the policy
+        told."""
+        ev = self._admissions[trajectory] = asyncio.Event()
+        self._asked[trajectory] = now
+        self.policy.begin_trajectory(trajectory, now, expected)
+        return ev
 
     def _admit_heard(self, trajectory: str) -> None:
         waited = max(self.now() - self._asked.pop(trajectory, self.now()), 0.0)
@@ -836,9 +842,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         for trajectory, expected in items:
             if trajectory in self._admitted or trajectory in self._admissions:
                 continue  # already waiting or admitted: its place is kept
-            self._admissions[trajectory] = asyncio.Event()
-            self._asked[trajectory] = now
-            self.policy.begin_trajectory(trajectory, now, expected)
+            self._ask(trajectory, now, expected)
             queued += 1
         if queued:
             self._kick()
