@@ -1,0 +1,40 @@
+"""benchmarks/act_bound.py's floor holds: no policy's simulated action completes faster than its floor."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from benchmarks.act_bound import floors
+from tangram_dask.cluster import load_cluster
+from tangram_dask.policy import make_policy
+from tangram_dask.sim import Simulator
+from tangram_dask.workload import generate, load_workload
+
+FILES = [("resources/bench/small.yaml", "resources/bench/cluster-laptop.yaml"),
+         ("resources/bench/standard.yaml", "resources/bench/cluster-tight.yaml"),
+         ("resources/variants/gpu-bound.yaml", "resources/variants/cluster-gpu-mixed.yaml")]
+
+
+@pytest.mark.parametrize("workload, cluster", FILES, ids=[w.split("/")[-1] for w, _ in FILES])
+def test_no_action_completes_under_its_floor(workload, cluster):
+    wl = load_workload(workload)
+    gen = generate(wl)
+    cl = load_cluster(cluster)
+    floor, ideal = floors(gen, cl)
+    assert floor.shape == ideal.shape == (gen.n_actions,)
+    gpu = np.array([wl.kinds[k].resource == "gpu" for k in gen.kind])
+    for policy in ("tangram", "fifo", "static"):
+        res = Simulator(gen, cl, make_policy(policy, cl, wl), timer=time.perf_counter).run()
+        assert np.allclose(res.ideal, ideal)  # the same ideal as the simulator's
+        act = res.end - res.issue
+        assert (act >= floor - 1e-9).all(), (policy, int(np.argmin(act - floor)))
+    # the floor is above the ideal where replicas are smaller than units.max, and never below it elsewhere
+    # but by the warm start (a sandbox bound to its trajectory pays none after its first)
+    assert (floor[gpu] >= ideal[gpu] - 1e-9).all()
+    assert (floor[~gpu] >= ideal[~gpu] - cl.warm_start_s - 1e-9).all()
+    if workload.endswith("gpu-bound.yaml"):
+        # its reward models' contract replicas are narrower than their units.max: the floor is well above the ideal
+        assert floor.mean() > 1.2 * ideal.mean()
