@@ -41,45 +41,79 @@ class Residency:
     """
 
     def _plan_ahead(self, now: float, out: list[Decision]) -> None:
-        """``load_ahead``: a replica for the demand to come, loaded before any action waits for it.
+        """A replica for the demand to come, loaded before any action waits for it: ``ahead_tools`` (the
+        default) for a model most of whose calls are tools, ``load_ahead`` (opt-in) for any model.
 
         A model with arrival rate ``lam`` and mean work ``s`` per action offers ``a = lam s``
         busy replicas; on ``c`` replicas (loading ones counted) its actions wait ``Wq(c)`` on
         average (Erlang C). One more replica saves ``lam (Wq(c) - Wq(c+1))`` seconds of waiting
-        per second; over ``load_ahead`` x the model's horizon that must beat the GPU-seconds the
-        load holds (``load_s`` x GPUs). Only on a site that evicts no replica whose model has
-        demand, blocks no model with demand (``_stalls``) and sits beside no busy replica
-        (``_contention`` 0): the load then costs nothing the demand needs.
+        per second. Over a horizon that must beat the GPU-seconds the load holds (``load_s`` x GPUs,
+        plus the busy replicas beside it, ``_contention``). Only on a site that evicts no replica whose
+        model has demand and blocks no model with demand (``_stalls``).
+
+        - ``load_ahead``: the horizon is ``load_ahead`` x the model's demand horizon (30 s at most).
+        - ``ahead_tools``, for a model whose calls are mostly tools (a process reward model scored on
+          most turns; ``model_tools``): its demand is steady, so it is there for the step's expected
+          rest (``_rest_s``), not only the next 30 s. On the GPU-bound file the process reward model
+          kept 3 replicas at 61% busy for the whole step (its calls waited 0.32 s on a 0.92 s floor):
+          at 30 s a fourth one never paid for its 30 s load, over the step's rest it does. Over that
+          horizon a site beside another model's busy replicas costs more than its load: each second
+          the new replica serves, they wait, and each second they serve, it does; the cost counts
+          ``2 x`` its expected busy share (``a / (c + 1)``) x their busy share x the horizon. Reward
+          models are left out: their calls come in bursts at trajectories' ends, and a rate read
+          over 30 s, held for the rest of the step, loaded the vision judge twice on
+          ``small-gpu53`` (seed 1087) beside the 140 GB judge, whose rewards then waited.
         """
         gp = self.gpu
+        opt = self.opt
+        rest = -1.0
         for model, pool in self.pools.items():
             if pool.resource != "gpu" or not gp.idle:
                 continue
             spec = self._ahead_spec.get(model)
             if spec is None:
                 continue
+            tools = opt.ahead_tools and 2 * self.model_tools.get(model, 0) > self.model_calls.get(model, 0)
+            if not (tools or opt.load_ahead):
+                continue
             a = pool.demand.rate(now)
             n = pool.arrivals.rate(now)
             if a <= 0 or n <= 0:
                 continue
+            horizon = opt.load_ahead * pool.demand.tau
+            if tools:
+                if rest < 0:
+                    rest = self._rest_s()
+                horizon = max(horizon, rest)
             c = len(gp.by_model.get(model, ()))
             s = a / n
             w0 = _erlang_wq(c, a, s)
             saved = math.inf if w0 == math.inf else n * (w0 - _erlang_wq(c + 1, a, s))
             ms = self.models[model]
             k = ms.replica_gpus(spec.units_min, max(st.spec.gpu_memory_gb for st in gp.nodes.values()))
-            if saved * self.opt.load_ahead * pool.demand.tau <= ms.load_s * k:
+            if saved * horizon <= ms.load_s * k:
                 continue
             site = self._load_site(model, spec)
             if site is None or self._site_score is None:
                 continue
             stalls, n_evict, contention, _ = self._site_score
-            if stalls or saved * self.opt.load_ahead * pool.demand.tau <= ms.load_s * (len(site[1]) + contention):
+            cost = ms.load_s * (len(site[1]) + contention)
+            if tools:
+                cost += 2.0 * horizon * min(1.0, a / (c + 1)) * contention
+            if stalls or saved * horizon <= cost:
                 continue  # the load would block a model's only replica, or the busy ones beside it cost more
             if any(self._needed(gp.replicas[rid].model, now) > 0 or self._unseen_deployed(gp.replicas[rid].model)
                    for rid in site[2]):
                 continue
             self._begin_load(model, site, now, out)
+
+    def _rest_s(self) -> float:
+        """The step's expected rest: one mean trajectory, after the time the trajectories waiting for admission
+        take to get in at the current rate (those in flight per mean length). 0 until 8 trajectories ended."""
+        if self.traj_n < 8:
+            return 0.0
+        t = self.traj_sum / self.traj_n
+        return t * (1.0 + len(self.admission_queue) / max(len(self.admitted), 1))
 
     def _plan_grow(self, now: float, out: list[Decision]) -> None:
         """``grow``: a larger replica of a model with demand, loaded in the background on idle GPUs.

@@ -131,6 +131,9 @@ class TangramOptions:
     load_ahead: float = 0.0     # >0 (with background_load): load a replica no action waits for yet when the
                                 # waiting it saves over this x the model's horizon (Erlang C) beats load_s x
                                 # GPUs, on a site that evicts nothing with demand and blocks no busy model
+    ahead_tools: float = 1.0    # 1 (with background_load and admission): a GPU model whose calls are mostly tools, not
+                                # rewards, gets a replica before its actions wait, by load_ahead's rule over the step's
+                                # expected rest (its demand is steady), a busy site's blocking counted both ways
     open_share: float = 1.0     # 1: the opening, before anything is learned, is one trajectory per API token as well
                                 # as per CPU slot, then, once 4 actions were seen, per unit of what the actions seen
                                 # hold of each (static binds a token per trajectory); 0: one per CPU slot. Not where
@@ -207,7 +210,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.cpu_at_max = 0.0  # CPU unit-seconds submitted, each action at units.max (admission_knee)
         self.gpu_calls = 0  # GPU actions submitted by trajectories (admission_gpu_lean)
         self.gpu_tools = 0  # of those, the ones their trajectory issued another action after (tools, not rewards)
-        self._gpu_last: set[str] = set()  # trajectories in flight whose last action was a GPU action
+        self._gpu_last: dict[str, str] = {}  # trajectories in flight whose last action was a GPU action -> its model
+        self.model_calls: dict[str, int] = {}  # per model: its actions submitted by trajectories
+        self.model_tools: dict[str, int] = {}  # of those, the ones their trajectory issued another action after
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions, its last action's api
         # unit-seconds, its last action's seconds]; summed when it ends (api_whole reads the last two)
         self.traj_work: dict[str, list[float]] = {}
@@ -291,7 +296,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._long_seq.pop(trajectory, None)
         self.admitted.discard(trajectory)
         self.fresh.discard(trajectory)
-        self._gpu_last.discard(trajectory)
+        self._gpu_last.pop(trajectory, None)
         self.last_end.pop(trajectory, None)
         acc = self.traj_work.pop(trajectory, None)
         if acc is not None:
@@ -346,9 +351,11 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         est = self.est.issue(spec)  # its hint recorded, then its expected work
         if traj is not None and self.opt.admission:
             self._limit_dirty = True
-            if self._gpu_last and traj in self._gpu_last:
-                self._gpu_last.discard(traj)
-                self.gpu_tools += 1  # its last GPU action was not its reward
+            if self._gpu_last:
+                m = self._gpu_last.pop(traj, None)
+                if m is not None:
+                    self.gpu_tools += 1  # its last GPU action was not its reward
+                    self.model_tools[m] = self.model_tools.get(m, 0) + 1
             t_end = self.last_end.get(traj)
             if t_end is not None:
                 self.gaps.add(now - t_end)
@@ -361,7 +368,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             if res == "gpu":
                 self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_u
                 self.gpu_calls += 1
-                self._gpu_last.add(traj)
+                self._gpu_last[traj] = spec.model
+                self.model_calls[spec.model] = self.model_calls.get(spec.model, 0) + 1
             elif res == "cpu":
                 self.cpu_at_max += est * spec.scale(spec.units_max) * spec.units_max
             acc = self.traj_work.get(traj)
@@ -382,9 +390,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         pool = self.pool(spec)
         if spec.resource == "gpu":  # a pool's demand and arrivals are read by the residency rules only
             pool.demand.add(now, est)
-            if self.opt.load_ahead or self.opt.evict_wait:
+            if self.opt.load_ahead or self.opt.ahead_tools or self.opt.evict_wait:
                 pool.arrivals.add(now, 1.0)
-                if self.opt.load_ahead or self.opt.grow:
+                if self.opt.load_ahead or self.opt.ahead_tools or self.opt.grow:
                     self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
@@ -497,7 +505,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._drain_gpu(pool, now, out)
         if gpu:
             self._drain_gpus(gpu, now, out)
-        if self.opt.load_ahead and self.opt.background_load and self.gpu.idle:
+        if (self.opt.load_ahead or self.opt.ahead_tools) and self.opt.background_load and self.gpu.idle:
             self._plan_ahead(now, out)
         if self.opt.grow and self.opt.background_load and self.opt.residency and self.gpu.idle:
             self._plan_grow(now, out)
