@@ -73,7 +73,7 @@ class Residency:
             spec = self._ahead_spec.get(model)
             if spec is None:
                 continue
-            tools = opt.ahead_tools and 2 * self.model_tools.get(model, 0) > self.model_calls.get(model, 0)
+            tools = opt.ahead_tools and model in self._tool_models
             if not (tools or opt.load_ahead):
                 continue
             a = pool.demand.rate(now)

@@ -213,6 +213,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._gpu_last: dict[str, str] = {}  # trajectories in flight whose last action was a GPU action -> its model
         self.model_calls: dict[str, int] = {}  # per model: its actions submitted by trajectories
         self.model_tools: dict[str, int] = {}  # of those, the ones their trajectory issued another action after
+        self._tool_models: set[str] = set()  # models most of whose calls are tools (ahead_tools)
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions, its last action's api
         # unit-seconds, its last action's seconds]; summed when it ends (api_whole reads the last two)
         self.traj_work: dict[str, list[float]] = {}
@@ -356,6 +357,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 if m is not None:
                     self.gpu_tools += 1  # its last GPU action was not its reward
                     self.model_tools[m] = self.model_tools.get(m, 0) + 1
+                    self._classify(m)
             t_end = self.last_end.get(traj)
             if t_end is not None:
                 self.gaps.add(now - t_end)
@@ -370,6 +372,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self.gpu_calls += 1
                 self._gpu_last[traj] = spec.model
                 self.model_calls[spec.model] = self.model_calls.get(spec.model, 0) + 1
+                self._classify(spec.model)
             elif res == "cpu":
                 self.cpu_at_max += est * spec.scale(spec.units_max) * spec.units_max
             acc = self.traj_work.get(traj)
@@ -395,6 +398,14 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 if self.opt.load_ahead or self.opt.ahead_tools or self.opt.grow:
                     self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
+
+    def _classify(self, model: str) -> None:
+        """``ahead_tools``: whether most of ``model``'s calls are tools (their trajectory issued another action
+        after them), read by ``_plan_ahead``."""
+        if 2 * self.model_tools.get(model, 0) > self.model_calls.get(model, 0):
+            self._tool_models.add(model)
+        else:
+            self._tool_models.discard(model)
 
     def _enqueue(self, aid: ActionId, spec: ActionSpec, est: float, key: float, pool: Pool | None = None) -> None:
         """Phase 1, order: into its pool's heap, keyed by aging x issue time + expected work."""
@@ -505,7 +516,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._drain_gpu(pool, now, out)
         if gpu:
             self._drain_gpus(gpu, now, out)
-        if (self.opt.load_ahead or self.opt.ahead_tools) and self.opt.background_load and self.gpu.idle:
+        if (self.opt.load_ahead or (self.opt.ahead_tools and self._tool_models)) and self.opt.background_load \
+                and self.gpu.idle:
             self._plan_ahead(now, out)
         if self.opt.grow and self.opt.background_load and self.opt.residency and self.gpu.idle:
             self._plan_grow(now, out)
