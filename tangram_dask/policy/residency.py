@@ -55,14 +55,14 @@ class Residency:
         - ``ahead_tools``, for a model whose calls are mostly tools (a process reward model scored on
           most turns; ``model_tools``): its demand is steady, so it is there for the step's expected
           rest (``_rest_s``), not only the next 30 s. On the GPU-bound file the process reward model
-          kept 3 replicas at 61% busy for the whole step (its calls waited 0.32 s on a 0.92 s floor):
+          kept 3 replicas about 60% busy for the whole step (its calls waited 0.32 s on a 0.92 s floor):
           at 30 s a fourth one never paid for its 30 s load, over the step's rest it does. Over that
           horizon a site beside another model's busy replicas costs more than its load: each second
           the new replica serves, they wait, and each second they serve, it does; the cost counts
           ``2 x`` its expected busy share (``a / (c + 1)``) x their busy share x the horizon. Reward
           models are left out: their calls come in bursts at trajectories' ends, and a rate read
-          over 30 s, held for the rest of the step, loaded the vision judge twice on
-          ``small-gpu53`` (seed 1087) beside the 140 GB judge, whose rewards then waited.
+          over 30 s, held for the rest of the step, loaded the vision judge twice at 64 s on
+          ``small-gpu53`` (seed 1087), which then lost its step (0.946 -> 1.019x static's).
         """
         gp = self.gpu
         opt = self.opt
