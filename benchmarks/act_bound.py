@@ -1,20 +1,11 @@
 """How low could any policy bring ACT under WORKLOAD.md's replica sizes? A floor per action, beside tangram's.
 
-The contract's ideal (``ideal_act_mean_s``) runs every action alone on ``units.max``. A GPU action cannot
-always get there: WORKLOAD.md loads a replica on the smallest k >= units.min whose share of the model fits
-one GPU (per node shape), a replica serves one action at a time, and the action runs on the replica's k GPUs.
-So each action has a floor that holds for every policy that keeps the contract:
-
-- CPU and API actions: ``units.max``, with no sandbox start (the ideal adds a warm start to CPU actions, but
-  a sandbox bound to its trajectory, as static's, pays none after its first);
-- GPU actions: the best replica the contract allows on any GPU node of the cluster: for each node shape and
-  each ``units.min`` among its model's kinds (a background load may be sized for any of them), k GPUs of the
-  node, the action on ``min(k, units.max)`` of them, ``cross_group_slowdown`` slower where k is more than
-  the node's largest topology group; no load, no queue.
-
-No queueing, no loads, no cold starts: a lower bound, not a target. Where the floor is over 1.5x the ideal
-the GPU-bound target (ACT at most 1.5x ideal) is out of reach for every policy on that draw; elsewhere the gap
-between a policy's ACT and the floor is what its queues, loads and sizes cost.
+The floor is :func:`tangram_dask.metrics.act_floor`: each action alone, on the widest replica the contract
+allows (GPU) or ``units.max`` (CPU, API), with no start, load or queue. Every bench run reports its mean
+(``floor_act_mean_s``, the table's "floor ACT"); this script prints it per kind for one file, or per family
+over many draws. A lower bound, not a target: where it is over 1.5x the ideal, the GPU-bound target (ACT at
+most 1.5x ideal) is out of reach for every policy on that draw; elsewhere the gap between a policy's ACT and
+the floor is what its queues, loads and sizes cost.
 
     python benchmarks/act_bound.py [WORKLOAD CLUSTER]     # per kind: ideal, floor, tangram, static, fifo
     python benchmarks/act_bound.py --family gpu,gpux [--k K] [-j 2]
@@ -35,43 +26,18 @@ sys.path.insert(0, str(ROOT))
 
 from tangram_dask.bench import simulate  # noqa: E402
 from tangram_dask.cluster import ClusterSpec, load_cluster, parse_cluster  # noqa: E402
+from tangram_dask.costs import CostModel  # noqa: E402
+from tangram_dask.metrics import act_floor  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload, parse_workload  # noqa: E402
 
 
-def kind_factors(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Per kind: seconds per second of true work (``duration_s``, on ``units.min``) at the floor, and at the
-    ideal. The ideal's warm start (CPU actions) is in neither: see :func:`floors`."""
-    kinds = gen.spec.kinds
-    specs = [k.spec(None, "t") for k in kinds]
-    mins: dict[str, set[int]] = {}
-    for k in kinds:
-        if k.resource == "gpu":
-            mins.setdefault(k.model, set()).add(k.units_min)
-    floor, ideal = [], []
-    for k, s in zip(kinds, specs):
-        best = s.scale(s.units_max)
-        ideal.append(best)
-        if k.resource == "gpu":
-            m = gen.spec.models[k.model]
-            best = np.inf
-            for n in cluster.gpu_nodes:
-                for u in mins[k.model]:
-                    g = m.replica_gpus(u, n.gpu_memory_gb)
-                    if g > n.gpus:
-                        continue
-                    t = s.scale(min(g, s.units_max))
-                    if g > max(n.groups):
-                        t *= cluster.cross_group_slowdown
-                    best = min(best, t)
-        floor.append(best)
-    return np.array(floor), np.array(ideal)
-
-
 def floors(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Per action: its floor and its ideal (the simulator's ``ideal``), in seconds."""
-    f, i = kind_factors(gen, cluster)
-    warm = np.array([cluster.warm_start_s if k.resource == "cpu" else 0.0 for k in gen.spec.kinds])
-    return gen.duration * f[gen.kind], gen.duration * i[gen.kind] + warm[gen.kind]
+    """Per action: its floor (:func:`tangram_dask.metrics.act_floor`) and its ideal (the simulator's), in seconds."""
+    costs = CostModel.of(cluster, gen.spec.models)
+    specs = [k.spec(None, "t") for k in gen.spec.kinds]
+    fixed = np.array([costs.ideal_s(s, 0.0) for s in specs])
+    factor = np.array([costs.ideal_s(s, 1.0) for s in specs]) - fixed
+    return act_floor(gen, cluster), gen.duration * factor[gen.kind] + fixed[gen.kind]
 
 
 def one_file(workload: str, cluster: str) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .cluster import ClusterSpec
 from .errors import FileFormatError
-from .metrics import summarize, utilization_series
+from .metrics import act_floor, summarize, utilization_series
 from .policy import make_policy
 from .sim import Simulator
 from .workload import Generated, WorkloadSpec, generate
@@ -69,7 +69,7 @@ def simulate(gen: Generated, cluster: ClusterSpec, policy: str, *, audit: bool =
     out = summarize(gen, policy=policy, issue=res.issue, end=res.end, ideal=res.ideal,
                     step_start=res.step_start, step_end=res.step_end, ideal_step=res.ideal_step,
                     model_loads=res.model_loads, cold_starts=res.cold_starts, restores=res.restores,
-                    busy=res.busy, capacity=res.capacity)
+                    busy=res.busy, capacity=res.capacity, floor=act_floor(gen, cluster))
     out["cluster"] = cluster.name
     if pol.beyond_contract:  # options that load replicas the contract does not (WORKLOAD.md): said beside the figures
         out["beyond_contract"] = list(pol.beyond_contract)

@@ -145,7 +145,8 @@ class Progress:
 
 def format_table(results: list[dict[str, Any]]) -> str:
     cols = [("policy", "policy", "{}"), ("act_mean_s", "ACT mean", "{:.2f}"), ("act_p50_s", "p50", "{:.2f}"),
-            ("act_p99_s", "p99", "{:.1f}"), ("ideal_act_mean_s", "ideal ACT", "{:.2f}"), ("step_s", "step", "{:.1f}"),
+            ("act_p99_s", "p99", "{:.1f}"), ("ideal_act_mean_s", "ideal ACT", "{:.2f}"),
+            ("floor_act_mean_s", "floor ACT", "{:.2f}"), ("step_s", "step", "{:.1f}"),
             ("ideal_step_s", "ideal step", "{:.1f}"), ("model_loads", "loads", "{}"), ("cold_starts", "cold", "{}"),
             ("restores", "restores", "{}")]
     rows = []

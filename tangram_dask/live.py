@@ -30,7 +30,7 @@ from .annotate import ANNOTATION
 from .cluster import ClusterSpec
 from .costs import CostModel
 from .messages import Grant, granted
-from .metrics import summarize
+from .metrics import act_floor, summarize
 from .policy import TangramOptions, initial_replicas
 from .messages import EXPECT_TRAJECTORIES_HANDLER
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
@@ -172,7 +172,7 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
     out = summarize(gen, policy=policy, issue=issue, end=end, ideal=ideal, step_start=step_start,
                     step_end=step_end, ideal_step=ideal_step, model_loads=counts["loads"],
                     cold_starts=counts["colds"], restores=counts["restores"], busy=busy,
-                    capacity=cluster.capacity())
+                    capacity=cluster.capacity(), floor=act_floor(gen, cluster))
     out["cluster"] = cluster.name
     if plugin.policy.beyond_contract:  # as the simulator's bench says it (wider replicas than WORKLOAD.md's)
         out["beyond_contract"] = list(plugin.policy.beyond_contract)

@@ -9,7 +9,39 @@ from typing import Any
 
 import numpy as np
 
+from .cluster import ClusterSpec
 from .workload import Generated
+
+
+def act_floor(gen: Generated, cluster: ClusterSpec) -> np.ndarray:
+    """Per action: the least completion time any policy can give it under WORKLOAD.md (``floor_act_mean_s``).
+
+    The ideal (``ideal_act_mean_s``) runs every action alone on ``units.max``. A GPU action cannot always
+    get there: a replica is loaded on the smallest k >= units.min whose share of the model fits one GPU
+    (WORKLOAD.md), and the action runs on its replica's k GPUs. Its floor is the best replica the contract
+    allows on any GPU node of the cluster (k for any ``units.min`` among its model's kinds, since a background
+    load may be sized for any of them; ``cross_group_slowdown`` slower where k is more than the node's largest
+    group), with no load and no queue. A CPU or API action's floor is ``units.max`` with no sandbox start (a
+    sandbox bound to its trajectory pays none after its first; the ideal adds a warm start). A kind no GPU
+    node can hold keeps its ideal's factor."""
+    kinds = gen.spec.kinds
+    mins: dict[str, set[int]] = {}
+    for k in kinds:
+        if k.resource == "gpu":
+            mins.setdefault(k.model, set()).add(k.units_min)
+    factor = np.empty(len(kinds))
+    for i, k in enumerate(kinds):
+        spec = k.spec(None, "t")
+        best = spec.scale(spec.units_max)
+        if k.resource == "gpu":
+            model = gen.spec.models[k.model]
+            sizes = [(model.replica_gpus(u, n.gpu_memory_gb), n) for n in cluster.gpu_nodes for u in mins[k.model]]
+            times = [spec.scale(min(g, spec.units_max)) * (cluster.cross_group_slowdown if g > max(n.groups) else 1.0)
+                     for g, n in sizes if g <= n.gpus]
+            if times:
+                best = min(times)
+        factor[i] = best
+    return gen.duration * factor[gen.kind] if len(gen.kind) else np.zeros(0)
 
 
 def _pcts(x: np.ndarray) -> dict[str, float]:
@@ -22,17 +54,22 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
 def summarize(gen: Generated, *, policy: str, issue: np.ndarray, end: np.ndarray, ideal: np.ndarray,
               step_start: list[float], step_end: list[float], ideal_step: list[float],
               model_loads: int, cold_starts: int, restores: int,
-              busy: dict[str, float], capacity: dict[str, int]) -> dict[str, Any]:
+              busy: dict[str, float], capacity: dict[str, int], floor: np.ndarray | None = None) -> dict[str, Any]:
+    """The contract's metrics; with ``floor`` (:func:`act_floor`), ``floor_act_mean_s`` too, beside the ideal's."""
     act = end - issue
     out: dict[str, Any] = {"policy": policy, "workload": gen.spec.name, "actions": int(len(act))}
     out.update(_pcts(act))
     out["ideal_act_mean_s"] = float(ideal.mean()) if len(ideal) else 0.0
+    if floor is not None:
+        out["floor_act_mean_s"] = float(floor.mean()) if len(floor) else 0.0
     by_kind = {}
     for i, k in enumerate(gen.spec.kinds):
         sel = gen.kind == i
         if sel.any():
             d = _pcts(act[sel])
             d["ideal_act_mean_s"] = float(ideal[sel].mean())
+            if floor is not None:
+                d["floor_act_mean_s"] = float(floor[sel].mean())
             d["count"] = int(sel.sum())
             by_kind[k.kind] = d
     out["by_kind"] = by_kind

@@ -38,3 +38,24 @@ def test_no_action_completes_under_its_floor(workload, cluster):
     if workload.endswith("gpu-bound.yaml"):
         # its reward models' contract replicas are narrower than their units.max: the floor is well above the ideal
         assert floor.mean() > 1.2 * ideal.mean()
+
+
+def test_bench_reports_the_floor_beside_the_ideal():
+    """Every bench run carries the floor's mean (``floor_act_mean_s``, overall and per kind) and the table
+    shows it ("floor ACT"). On the GPU-bound file the reward models' contract replicas are narrower than
+    their units.max, so the floor is above the ideal, and the process reward model's with it."""
+    from tangram_dask.bench import run
+    from tangram_dask.cli import format_table
+
+    wl = load_workload("resources/variants/gpu-bound.yaml")
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    results = run(wl, cl, ("static",))
+    r = results[0]
+    floor, ideal = floors(generate(wl), cl)
+    assert r["floor_act_mean_s"] == pytest.approx(floor.mean())
+    assert r["ideal_act_mean_s"] == pytest.approx(ideal.mean())
+    prm = r["by_kind"]["prm_score"]
+    assert prm["floor_act_mean_s"] > prm["ideal_act_mean_s"] and r["floor_act_mean_s"] > r["ideal_act_mean_s"]
+    assert r["act_mean_s"] >= r["floor_act_mean_s"]
+    head = format_table(results).splitlines()[1]
+    assert "floor ACT" in head and head.index("ideal ACT") < head.index("floor ACT") < head.index("step")
