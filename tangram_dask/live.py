@@ -32,6 +32,7 @@ from .costs import CostModel
 from .messages import Grant, granted
 from .metrics import act_floor, summarize
 from .policy import TangramOptions, initial_replicas
+from .policy.types import Load
 from .messages import EXPECT_TRAJECTORIES_HANDLER
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
 from .sim import trajectory_hints as _hints
@@ -81,14 +82,27 @@ def worker_specs(cluster: ClusterSpec) -> dict[str, dict[str, Any]]:
     return specs
 
 
+class LivePlugin(TangramSchedulerPlugin):
+    """The shipped plugin, but a background load (a ``Load`` decision) is played as actions are: its GPUs are
+    abstract and no model is registered on them, so instead of asking the worker to load a replica (which
+    would fail: nothing to load), the replica is reported ready after the model's ``load_s``, scaled, as
+    ``sim.py`` makes it. A ``Start`` with a load is charged in the action's sleep (:func:`charge`)."""
+
+    async def _send_load(self, d: Load) -> None:
+        pol = self.policy
+        spec = pol.models.get(d.model) if pol is not None else None
+        await asyncio.sleep((spec.load_s if spec is not None else 0.0) * self.options.time_scale)
+        self.replica_ready(d.node, d.replica)
+
+
 def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scale: float,
                 pipeline: int | None = None, options: TangramOptions | None = None) -> TangramSchedulerPlugin:
-    """The plugin with the workload's models and the cluster's costs; every other option is the shipped
-    default (``pipeline=None``: the plugin's dispatch-ahead as shipped)."""
+    """The plugin (:class:`LivePlugin`) with the workload's models and the cluster's costs; every other option
+    is the shipped default (``pipeline=None``: the plugin's dispatch-ahead as shipped)."""
     reps: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for r in initial_replicas(cluster, spec):
         reps.setdefault(r.node, []).append((r.model, tuple(r.gpus)))
-    return TangramSchedulerPlugin(policy, models=spec.models, api_tokens=cluster.api_tokens,
+    return LivePlugin(policy, models=spec.models, api_tokens=cluster.api_tokens,
                                   replicas={k: tuple(v) for k, v in reps.items()}, time_scale=time_scale,
                                   pipeline=pipeline, warm_start_s=cluster.warm_start_s,
                                   cold_start_s=cluster.cold_start_s,
@@ -170,7 +184,7 @@ async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale
             snap = plugin.snapshot()
     ideal, ideal_step = _ideal(gen, cluster)
     out = summarize(gen, policy=policy, issue=issue, end=end, ideal=ideal, step_start=step_start,
-                    step_end=step_end, ideal_step=ideal_step, model_loads=counts["loads"],
+                    step_end=step_end, ideal_step=ideal_step, model_loads=counts["loads"] + plugin.stats.loads_ahead,
                     cold_starts=counts["colds"], restores=counts["restores"], busy=busy,
                     capacity=cluster.capacity(), floor=act_floor(gen, cluster))
     out["cluster"] = cluster.name

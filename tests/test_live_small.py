@@ -74,3 +74,40 @@ def test_a_live_run_with_trajectory_hints_queues_each_step_with_the_simulators_h
     sim._setup()
     assert seen == [{f"0/{t}": h for t, h in enumerate(sim.traj_hint)}]
     assert simulate(generate(wl), cl, "tangram", trajectory_hints=0.5)["trajectory_hints"] == 0.5
+
+
+def test_a_background_load_live_takes_its_load_time_and_counts(monkeypatch):
+    """A ``Load`` decision, live: the GPUs are abstract and no model is registered, so the live bench plays
+    the load as it plays actions, the replica ready after its ``load_s`` (scaled), as in the simulator.
+    Before, the worker's load failed at once for want of a registered model, a failed background load
+    reads as over, and the replica served at once: loads cost nothing live. The result counts the load,
+    as the simulator's ``model_loads`` does."""
+    import tangram_dask.live as live_mod
+    from tangram_dask.policy.types import Load
+
+    wl = make_workload(
+        tools=[kind("prm", "gpu", 1.0, model="prm")], rewards=[kind("judge", "gpu", 0.5, model="rm")],
+        trajectories=8, turns=4, llm=0.2,
+        models={"prm": {"gpu_memory_gb": 16, "load_s": 2.0}, "rm": {"gpu_memory_gb": 16, "load_s": 2.0}})
+    cl = make_cluster(cpu=[{"count": 1, "slots": 2}],
+                      gpu=[{"count": 1, "gpus": 3, "gpu_memory_gb": 80, "groups": [1, 1, 1]}])
+    sim = simulate(generate(wl), cl, "tangram")
+    assert sim["model_loads"] >= 1  # the process reward model's calls outgrow its deployed replicas
+    asked: dict[int, float] = {}
+    ready: dict[int, float] = {}
+    real_load, real_ready = live_mod.LivePlugin._load, live_mod.LivePlugin.replica_ready
+
+    def load(self, d: Load) -> None:
+        asked[d.replica] = self.now()
+        real_load(self, d)
+
+    def replica_ready(self, worker: str, replica: int) -> None:
+        ready.setdefault(replica, self.now())
+        real_ready(self, worker, replica)
+
+    monkeypatch.setattr(live_mod.LivePlugin, "_load", load)
+    monkeypatch.setattr(live_mod.LivePlugin, "replica_ready", replica_ready)
+    (live,) = run_live(wl, cl, ("tangram",), time_scale=0.05)
+    assert asked and set(asked) <= set(ready)
+    assert all(ready[r] - t >= 2.0 * 0.95 for r, t in asked.items()), (asked, ready)
+    assert live["model_loads"] >= len(asked) and live["actions"] == generate(wl).n_actions
