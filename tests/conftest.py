@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tangram_dask.cluster import ClusterSpec, parse_cluster
-from tangram_dask.metrics import summarize
+from tangram_dask.metrics import act_floor, summarize
 from tangram_dask.policy import make_policy
 from tangram_dask.policy.base import Policy
 from tangram_dask.policy.types import Admit, Start
@@ -147,7 +147,7 @@ def simulate(gen: Generated | WorkloadSpec, cluster: ClusterSpec, policy: str, *
     metrics = summarize(gen, policy=policy, issue=res.issue, end=res.end, ideal=res.ideal,
                         step_start=res.step_start, step_end=res.step_end, ideal_step=res.ideal_step,
                         model_loads=res.model_loads, cold_starts=res.cold_starts, restores=res.restores,
-                        busy=res.busy, capacity=res.capacity)
+                        busy=res.busy, capacity=res.capacity, floor=act_floor(gen, cluster))
     return Run(res, metrics, log, pol)
 
 
