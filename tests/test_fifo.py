@@ -55,11 +55,13 @@ def test_one_slot_serialises_in_arrival_order_and_metrics_by_hand():
     assert (m["act_mean_s"], m["act_p50_s"], m["act_p99_s"]) == approx((4.0, 4.0, 5.95))
     # tools 2 4 6: p99 at 1.98 -> 4 + 0.98 x 2; rewards 3 4 5 -> 4 + 0.98
     assert m["by_kind"]["tool"] == approx({"act_mean_s": 4.0, "act_p50_s": 4.0, "act_p99_s": 5.96,
-                                          "ideal_act_mean_s": 2.0, "count": 3})
+                                          "ideal_act_mean_s": 2.0, "floor_act_mean_s": 2.0, "count": 3})
     assert m["by_kind"]["reward"] == approx({"act_mean_s": 4.0, "act_p50_s": 4.0, "act_p99_s": 4.98,
-                                            "ideal_act_mean_s": 1.0, "count": 3})
+                                            "ideal_act_mean_s": 1.0, "floor_act_mean_s": 1.0, "count": 3})
     assert m["act_p99_s"] == approx(float(np.percentile(run.act, 99)))
-    assert (m["step_s"], m["ideal_step_s"], m["ideal_act_mean_s"]) == approx((10.0, 4.0, 1.5))
+    # no sandbox cost here, and units.max is 1: the floor is the ideal
+    assert (m["step_s"], m["ideal_step_s"]) == approx((10.0, 4.0))
+    assert (m["ideal_act_mean_s"], m["floor_act_mean_s"]) == approx((1.5, 1.5))
     # 9 busy slot-seconds over 1 slot x 10 s
     assert m["utilization"] == approx({"cpu": 0.9, "gpu": 0.0, "api": 0.0})
     assert m["actions"] == 6
