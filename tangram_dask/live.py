@@ -32,8 +32,8 @@ from .costs import CostModel
 from .messages import Grant, granted
 from .metrics import act_floor, summarize
 from .policy import TangramOptions, initial_replicas
-from .policy.types import Load
 from .messages import EXPECT_TRAJECTORIES_HANDLER
+from .policy.types import Load
 from .scheduler import BEGIN_TRAJECTORY_HANDLER, END_TRAJECTORY_HANDLER, TangramSchedulerPlugin, parse_annotation
 from .sim import trajectory_hints as _hints
 from .spec import ActionSpec
@@ -103,10 +103,9 @@ def make_plugin(spec: WorkloadSpec, cluster: ClusterSpec, policy: str, time_scal
     for r in initial_replicas(cluster, spec):
         reps.setdefault(r.node, []).append((r.model, tuple(r.gpus)))
     return LivePlugin(policy, models=spec.models, api_tokens=cluster.api_tokens,
-                                  replicas={k: tuple(v) for k, v in reps.items()}, time_scale=time_scale,
-                                  pipeline=pipeline, warm_start_s=cluster.warm_start_s,
-                                  cold_start_s=cluster.cold_start_s,
-                                  cross_group_slowdown=cluster.cross_group_slowdown, tangram=options)
+                      replicas={k: tuple(v) for k, v in reps.items()}, time_scale=time_scale,
+                      pipeline=pipeline, warm_start_s=cluster.warm_start_s, cold_start_s=cluster.cold_start_s,
+                      cross_group_slowdown=cluster.cross_group_slowdown, tangram=options)
 
 
 async def _run_one(gen: Generated, cluster: ClusterSpec, policy: str, time_scale: float, pipeline: int | None,
