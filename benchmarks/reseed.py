@@ -49,11 +49,13 @@ def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
 
 
 def measure(draw: tuple[str, dict, dict], sets: list[dict[str, float]]) -> tuple[str, str, list[tuple]]:
-    """One draw: per option set, ``(ACT/static, step/static, ACT/ideal, loads, fifo's loads)``."""
+    """One draw: per option set, ``(ACT/static, step/static, ACT/ideal, loads, fifo's loads, ACT/floor)`` (the
+    floor: ``tangram_dask.metrics.act_floor``, what any policy could reach under WORKLOAD.md's replica sizes)."""
     fam, wd, cd = draw
     s, f, ts = runs(wd, cd, sets)
     return fam, wd["name"], [(t["act_mean_s"] / s["act_mean_s"], t["step_s"] / s["step_s"],
-                              t["act_mean_s"] / t["ideal_act_mean_s"], t["model_loads"], f["model_loads"]) for t in ts]
+                              t["act_mean_s"] / t["ideal_act_mean_s"], t["model_loads"], f["model_loads"],
+                              t["act_mean_s"] / t["floor_act_mean_s"]) for t in ts]
 
 
 def summary(rows: list[tuple]) -> dict[str, float]:
@@ -62,7 +64,8 @@ def summary(rows: list[tuple]) -> dict[str, float]:
             "loads": sum(r[3] <= r[4] for r in rows),
             "act_mean": statistics.mean(act), "act_max": max(act),
             "step_mean": statistics.mean(step), "step_max": max(step),
-            "ideal_mean": statistics.mean(ideal), "ideal_max": max(ideal), "over_1.5": sum(x > 1.5 for x in ideal)}
+            "ideal_mean": statistics.mean(ideal), "ideal_max": max(ideal), "over_1.5": sum(x > 1.5 for x in ideal),
+            "floor_mean": statistics.mean(r[5] for r in rows)}
 
 
 def paired(base: list[tuple], other: list[tuple]) -> dict[str, float]:
@@ -95,15 +98,16 @@ def main() -> None:
     ds = draws(fams, a.k)
     with ProcessPoolExecutor(a.jobs) as ex:
         res = list(ex.map(measure, ds, [sets] * len(ds)))
-    print(f"{'family':7}{'set':28}{'both':>9}{'loads':>9}{'act/stat':>16}{'step/stat':>16}{'act/ideal':>16}{'>1.5':>6}")
+    print(f"{'family':7}{'set':28}{'both':>9}{'loads':>9}{'act/stat':>16}{'step/stat':>16}{'act/ideal':>16}{'>1.5':>6}"
+          f"{'act/floor':>10}")
     for fam in fams:
         for j, text in enumerate(texts):
             m = summary([r[j] for f, _, r in res if f == fam])
             print(f"{fam:7}{(text or 'defaults')[:27]:28}{m['both']:>4}/{m['n']:<4}{m['loads']:>4}/{m['n']:<4}"
                   f"{m['act_mean']:>8.3f}{m['act_max']:>8.3f}{m['step_mean']:>8.3f}{m['step_max']:>8.3f}"
-                  f"{m['ideal_mean']:>8.3f}{m['ideal_max']:>8.3f}{m['over_1.5']:>6}")
+                  f"{m['ideal_mean']:>8.3f}{m['ideal_max']:>8.3f}{m['over_1.5']:>6}{m['floor_mean']:>10.3f}")
     print("(act/stat, step/stat, act/ideal: mean then max over the draws; both: ACT and step under static's; "
-          "loads: model loads at most fifo's)")
+          "loads: model loads at most fifo's; act/floor: mean, ACT over what any policy could reach)")
     if len(texts) > 1:
         print(f"\npaired, per draw, against {texts[0] or 'the defaults'!r}:")
         print(f"{'family':7}{'set':28}{'act/ideal':>10}{'(se)':>8}{'step/stat':>11}{'(se)':>8}{'better':>8}{'worse':>7}")

@@ -243,16 +243,17 @@ def test_reseed_draws_each_variant_again_on_other_seeds_and_measures_every_optio
     fam, name, rows = measure(ds[0], [{}, {"gpu_merge": 0.0}, {}])
     assert (fam, name, len(rows)) == ("live", "live-seed11@1011", 3)
     assert rows[0] == rows[2]  # deterministic: the same set on the same draw measures the same
-    for act, step, ideal, loads, fifo_loads in rows:
-        assert act > 0 and step > 0 and ideal >= 1.0 and loads >= 0 and fifo_loads >= 0
+    for act, step, ideal, loads, fifo_loads, floor in rows:
+        assert act > 0 and step > 0 and ideal >= 1.0 and loads >= 0 and fifo_loads >= 0 and floor >= 1.0
     m = summary(rows)
+    assert m["floor_mean"] >= 1.0
     assert m["n"] == 3 and 0 <= m["both"] <= 3 and m["act_max"] >= m["act_mean"]
 
 
 def test_reseed_pairs_each_set_with_the_first_per_draw():
     """benchmarks/reseed.py's paired figures: per-draw changes of ACT/ideal and step/static against the
     first set, their mean and standard error, and the draws each way (rows as ``measure`` gives them:
-    ACT/static, step/static, ACT/ideal, loads, fifo's loads)."""
+    ACT/static, step/static, ACT/ideal, loads, fifo's loads, ACT/floor; the last is not read here)."""
     import math
     import sys
 
