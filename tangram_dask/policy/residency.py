@@ -55,7 +55,7 @@ class Residency:
         - ``ahead_tools``, for a model whose calls are mostly tools (a process reward model scored on
           most turns; ``model_tools``): its demand is steady, so it is there for the step's expected
           rest (``_rest_s``), not only the next 30 s. On the GPU-bound file the process reward model
-          kept 3 replicas about 60% busy for the whole step (its calls waited 0.32 s on a 0.92 s floor):
+          kept 3 replicas about 60% busy past the warm-up (its calls waited 0.32 s on a 0.92 s floor):
           at 30 s a fourth one never paid for its 30 s load, over the step's rest it does. Over that
           horizon a site beside another model's busy replicas costs more than its load: each second
           the new replica serves, they wait, and each second they serve, it does; the cost counts
