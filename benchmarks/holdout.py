@@ -126,7 +126,7 @@ def main() -> None:
         m = np.array([r["ratios"] for r in rs])
         print(f"{fam}: {int(((m[:, 2] < 1) & (m[:, 3] < 1)).sum())}/{len(rs)} wins; act/stat mean {m[:, 2].mean():.3f} "
               f"max {m[:, 2].max():.3f}; step/stat mean {m[:, 3].mean():.3f} max {m[:, 3].max():.3f}; "
-              f"act/ideal mean {m[:, 0].mean():.3f}")
+              f"act/ideal mean {m[:, 0].mean():.3f}; act/floor mean {np.mean([r['act_floor'] for r in rs]):.3f}")
 
 
 if __name__ == "__main__":
