@@ -26,18 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 from tangram_dask.bench import simulate  # noqa: E402
 from tangram_dask.cluster import ClusterSpec, load_cluster, parse_cluster  # noqa: E402
-from tangram_dask.costs import CostModel  # noqa: E402
-from tangram_dask.metrics import act_floor  # noqa: E402
+from tangram_dask.metrics import act_floor, act_ideal  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload, parse_workload  # noqa: E402
 
 
 def floors(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Per action: its floor (:func:`tangram_dask.metrics.act_floor`) and its ideal (the simulator's), in seconds."""
-    costs = CostModel.of(cluster, gen.spec.models)
-    specs = [k.spec(None, "t") for k in gen.spec.kinds]
-    fixed = np.array([costs.ideal_s(s, 0.0) for s in specs])
-    factor = np.array([costs.ideal_s(s, 1.0) for s in specs]) - fixed
-    return act_floor(gen, cluster), gen.duration * factor[gen.kind] + fixed[gen.kind]
+    """Per action: its floor and its ideal (:mod:`tangram_dask.metrics`), in seconds."""
+    return act_floor(gen, cluster), act_ideal(gen, cluster)
 
 
 def one_file(workload: str, cluster: str) -> None:

@@ -30,7 +30,7 @@ from .annotate import ANNOTATION
 from .cluster import ClusterSpec
 from .costs import CostModel
 from .messages import Grant, granted
-from .metrics import act_floor, summarize
+from .metrics import act_floor, act_ideal, summarize
 from .policy import TangramOptions, initial_replicas
 from .messages import EXPECT_TRAJECTORIES_HANDLER
 from .policy.types import Load
@@ -215,9 +215,7 @@ async def _low_latency(scheduler: Any, client: Client, seconds: float = 0.001) -
 def _ideal(gen: Generated, cluster: ClusterSpec) -> tuple[np.ndarray, list[float]]:
     """Each action alone on units.max with a warm sandbox (the cost model's ideal); each step's longest
     trajectory (as sim.py)."""
-    costs = CostModel.of(cluster, gen.spec.models)
-    protos = [k.spec(None, "t") for k in gen.spec.kinds]
-    ideal = np.array([costs.ideal_s(protos[k], d) for d, k in zip(gen.duration.tolist(), gen.kind.tolist())])
+    ideal = act_ideal(gen, cluster)
     per_step = gen.spec.trajectories
     first = gen.first.tolist()
     steps = []

@@ -10,7 +10,18 @@ from typing import Any
 import numpy as np
 
 from .cluster import ClusterSpec
+from .costs import CostModel
 from .workload import Generated
+
+
+def act_ideal(gen: Generated, cluster: ClusterSpec) -> np.ndarray:
+    """Per action: its ideal completion time (``ideal_act_mean_s``), alone on ``units.max`` with a warm sandbox
+    (:meth:`CostModel.ideal_s`, vectorised per kind). The simulator, the live bench and the benchmarks read it."""
+    costs = CostModel.of(cluster, gen.spec.models)
+    protos = [k.spec(None, "t") for k in gen.spec.kinds]
+    fixed = np.array([costs.ideal_s(p, 0.0) for p in protos])
+    factor = np.array([costs.ideal_s(p, 1.0) for p in protos]) - fixed
+    return gen.duration * factor[gen.kind] + fixed[gen.kind] if len(gen.kind) else np.zeros(0)
 
 
 def act_floor(gen: Generated, cluster: ClusterSpec) -> np.ndarray:

@@ -654,11 +654,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         grant names it, and the worker loads it then, as for any grant of a replica it lacks.
         """
         self.stats.loads_ahead += 1
-        for listen in self.load_listeners:
-            try:
-                listen(d)
-            except Exception:  # an observer's error never stops the load
-                logger.exception("tangram: load listener %r failed", listen)
+        _tell(self.load_listeners, "load", d)
         self.scheduler.loop.add_callback(self._send_load, d)
 
     async def _send_load(self, d: Load) -> None:
@@ -822,11 +818,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
     def _admit_heard(self, trajectory: str) -> None:
         waited = max(self.now() - self._asked.pop(trajectory, self.now()), 0.0)
-        for listen in self.admit_listeners:
-            try:
-                listen(trajectory, waited)
-            except Exception:  # an observer's error never stops an admission
-                logger.exception("tangram: admission listener %r failed", listen)
+        _tell(self.admit_listeners, "admission", trajectory, waited)
 
     def _handle_expect_trajectories(self, trajectories: Any = None) -> dict[str, Any]:
         """A step's trajectories queued for admission in one pass (``expect_trajectories``), so the gate
@@ -878,3 +870,12 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 def snapshot(client: Any) -> Any:
     """The scheduler's tangram snapshot (policy pools, replicas, plugin counters)."""
     return client.sync(getattr(client.scheduler, SNAPSHOT_HANDLER))
+
+
+def _tell(listeners: list, what: str, *args: Any) -> None:
+    """Call each observer with ``args``; an observer's error is logged and never stops what it observes."""
+    for listen in listeners:
+        try:
+            listen(*args)
+        except Exception:
+            logger.exception("tangram: %s listener %r failed", what, listen)

@@ -23,6 +23,7 @@ import numpy as np
 from .cluster import ClusterSpec
 from .costs import CostModel
 from .errors import FileFormatError
+from .metrics import act_ideal
 from .policy.base import Policy
 from .policy.feasibility import Capacity, never_fits
 from .policy.types import Admit, Load, Reject, Start
@@ -172,9 +173,7 @@ class Simulator:
         self.index = {name: t for t, name in enumerate(self.names)}
         self.proto = [k.spec(None, "t") for k in kinds]
         self.stateful = [k.affinity == "trajectory" for k in kinds]
-        fixed = np.array([self.costs.ideal_s(p, 0.0) for p in self.proto])
-        factor = np.array([self.costs.ideal_s(p, 1.0) for p in self.proto]) - fixed
-        self.ideal = g.duration * factor[g.kind] + fixed[g.kind]
+        self.ideal = act_ideal(g, self.cluster)
         self.traj_hint = (trajectory_hints(g, self.ideal, self.hint_sigma).tolist()
                           if self.hint_sigma is not None else None)
         self.home: dict[int, str] = {}
