@@ -393,7 +393,9 @@ def test_a_tool_model_gets_a_replica_ahead_for_the_rest_of_the_step():
     kept 3 replicas about 60% busy all step, and its calls waited 0.32 s on average: judged over its 30 s
     demand horizon, a fourth replica never paid for its 30 s load. Over the step's expected rest it does:
     it is loaded while none of its calls waits, and they then wait less. Only the tool model loads ahead
-    (not the reward models, whose calls come in bursts). Audited."""
+    (not the reward models, whose calls come in bursts). Audited. Since session 20 the warm-up's
+    ``plan_busy`` loads that replica at t = 23 s, before ``ahead_tools`` would (next test): both runs here
+    leave it at ``admission_model``'s share, as before, so that the rest of the step is what is tested."""
     from collections import Counter
 
     from tangram_dask.policy.types import Load
@@ -401,8 +403,8 @@ def test_a_tool_model_gets_a_replica_ahead_for_the_rest_of_the_step():
     wl = load_workload("resources/variants/gpu-bound.yaml")
     gen = generate(wl)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    on = simulate(gen, cl, "tangram")
-    off = simulate(gen, cl, "tangram", options=TangramOptions(ahead_tools=0))
+    on = simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=0))
+    off = simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=0, ahead_tools=0))
 
     def loads(run):
         return Counter(d.model for _, d in run.decisions if isinstance(d, Load))
@@ -416,6 +418,31 @@ def test_a_tool_model_gets_a_replica_ahead_for_the_rest_of_the_step():
     assert on.act[prm].mean() < off.act[prm].mean() - 0.05
     assert on.metrics["act_mean_s"] < off.metrics["act_mean_s"] and on.metrics["step_s"] < off.metrics["step_s"]
 
+
+
+def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
+    """``plan_busy`` (0.2, the default): in the warm-up on a GPU-leaning cluster, a model whose replicas
+    those in flight would keep over 20% busy gets one more as soon as one of its calls waits. On the
+    GPU-bound file the process reward model (a tool on most turns) gets its third replica at t = 23 s;
+    at ``admission_model``'s 50% (``plan_busy=0``, before session 20) it came at t = 153 s, from
+    ``ahead_tools``. The earlier replica shortens its calls' waits and the step. Audited."""
+    from tangram_dask.policy.types import Load
+
+    wl = load_workload("resources/variants/gpu-bound.yaml")
+    gen = generate(wl)
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    runs = {b: simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=b)) for b in (0.2, 0.0)}
+
+    def prm_loads(run):
+        return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
+
+    new, old = prm_loads(runs[0.2]), prm_loads(runs[0.0])
+    assert len(new) == len(old) == 3 and new[:2] == old[:2]
+    assert new[2] < 30.0 < 150.0 < old[2]
+    prm = gen.kind == [k.kind for k in wl.kinds].index("prm_score")
+    assert runs[0.2].act[prm].mean() < runs[0.0].act[prm].mean() - 0.05
+    assert runs[0.2].metrics["act_mean_s"] < runs[0.0].metrics["act_mean_s"]
+    assert runs[0.2].metrics["step_s"] < runs[0.0].metrics["step_s"]
 
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec

@@ -160,12 +160,12 @@ class AdmissionGate:
         g = self.opt.gpu_lean
         return not g or (self.gpu.total > 0 and self.cpu.slots <= g * self.gpu.total)
 
-    def _model_limit(self, model: str | None = None, loading: bool = False) -> float:
+    def _model_limit(self, model: str | None = None, loading: bool = False, busy: float = 0.0) -> float:
         """``admission_model``: trajectories in flight at which some model's replicas (one action at a
-        time each) are ``admission_model`` busy, from the actions seen so far (per action, over the
-        turn cycle). The GPU limit counts every GPU as one pool; a model is served by its own
-        replicas only (a process reward model on one 1-GPU replica caps a step at a few
-        trajectories however many GPUs the other models hold)."""
+        time each) are ``admission_model`` busy (or ``busy``, where given: ``plan_busy``), from the
+        actions seen so far (per action, over the turn cycle). The GPU limit counts every GPU as one
+        pool; a model is served by its own replicas only (a process reward model on one 1-GPU replica
+        caps a step at a few trajectories however many GPUs the other models hold)."""
         n = max(self.turn_time.n, 1)
         cycle = (self.gaps.mean if self.gaps.n else 4.0) + self.turn_time.mean
         out = math.inf
@@ -177,7 +177,7 @@ class AdmissionGate:
                 reps = len(self.gpu.by_model.get(m, ()))
                 if not loading:  # a replica still loading serves nothing yet
                     reps -= sum(1 for x in self._loading.values() if x == m)
-                out = min(out, self.opt.admission_model * max(reps, 1) / d)
+                out = min(out, (busy or self.opt.admission_model) * max(reps, 1) / d)
         return out
 
     def _measured(self, now: float, limit: float) -> float:

@@ -231,7 +231,10 @@ class Residency:
         load saves waiting rather than holding GPUs idle. A model whose arrival
         rate alone keeps its replicas busy (utilisation >= 1) gets a replica as
         soon as one of its actions cannot start; a burst gets one when its queue
-        outlasts a load (the earlier rule, which ignored arrivals).
+        outlasts a load (the earlier rule, which ignored arrivals). In the warm-up
+        on a cluster that leans to GPUs (``plan_loads``), a model whose replicas
+        those in flight would keep over ``plan_busy`` busy gets one as soon as
+        one of its actions cannot start.
         """
         model = pool.name
         reps = len(self.gpu.by_model.get(model, ()))
@@ -239,9 +242,11 @@ class Residency:
             return True
         if (self.opt.plan_loads and self.opt.admission_model and self.ended_n < self.opt.admission_warmup
                 and self.admission_queue and self.turn_time.n >= 4 and self._gpu_lean()
-                and self._model_limit(model, loading=True) < min(self.cpu.slots, self._lim_other,
-                                                                  self.opt.plan_loads * max(self.active, 1))):
-            return True  # the per-model gate binds on this model: a replica more admits more trajectories
+                and self._model_limit(model, loading=True, busy=self.opt.plan_busy)
+                < min(self.cpu.slots, self._lim_other, self.opt.plan_loads * max(self.active, 1))):
+            # those in flight keep this model's replicas over plan_busy busy: a replica more shortens its
+            # queues before they grow (and, past admission_model busy, admits more trajectories)
+            return True
         load_s = self.models[model].load_s
         queued = pool.qmin * self._mean_est(pool)
         coming = pool.demand.rate(now) * load_s if self.opt.residency else 0.0

@@ -94,8 +94,9 @@ class TangramOptions:
     admission_model: float = 0.5  # >0: in warm-up, each model's replicas kept under this x busy (per-model gate)
     admission_open: float = 12.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 1.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
-                                # admission_model busy loads one as soon as one of its actions waits
-    gpu_lean: float = 4.0       # >0: the three above and admission_gpu_lean only on a cluster that leans to GPUs,
+                                # plan_busy busy loads one as soon as one of its actions waits
+    plan_busy: float = 0.2      # (with plan_loads) that share busy (0: admission_model, 0.5, as before session 20)
+    gpu_lean: float = 4.0       # >0: the four above and admission_gpu_lean only on a cluster that leans to GPUs,
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
