@@ -1,14 +1,15 @@
 """Why GPU actions wait under tangram: every second of waiting, put in one class, per model.
 
-After each scheduling pass, each GPU action still waiting counts the time until the next pass in the first
-class that holds for its model's replicas:
+After each scheduling pass, each GPU action still waiting counts the time until the next pass under the
+reason ``TangramPolicy.gpu_waiting`` gives for its model (the scheduler exports the same live, as
+``dask_tangram_gpu_waiting_actions``), the first that holds for one of its replicas:
 
-- ``free``: one of them is idle on idle GPUs (the policy chose to wait: a claim, a larger head first);
-- ``other``: one is idle, but its GPUs serve another model's action (a GPU runs one action at a time);
-- ``load``: one is idle, but its GPUs are held by another replica's load;
+- ``idle``: one of them is idle on idle GPUs (the policy chose to wait: a claim, a larger head first);
+- ``gpu_shared``: one is idle, but its GPUs serve another model's action (a GPU runs one action at a time);
+- ``gpu_loading``: one is idle, but its GPUs are held by another replica's load;
 - ``loading``: one is loading itself;
-- ``own``: all of them serve this model's actions;
-- ``none``: the model has no replica.
+- ``busy``: all of them serve this model's actions;
+- ``no_replica``: the model has none.
 
 Printed per model in seconds per action of the step, over the mean ideal ACT (the units of ACT/ideal: a
 variant meets the GPU-bound target, ACT <= 1.5x ideal, only where its floor plus these stays under 1.5).
@@ -33,37 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from tangram_dask.cluster import ClusterSpec, load_cluster, parse_cluster  # noqa: E402
 from tangram_dask.policy import TangramOptions, make_policy  # noqa: E402
-from tangram_dask.policy.types import Start  # noqa: E402
+from tangram_dask.policy.types import GPU_WAIT_REASONS, Start  # noqa: E402
 from tangram_dask.sim import Simulator  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload, parse_workload  # noqa: E402
 
-CLASSES = ("free", "other", "load", "loading", "own", "none")
-
-
-def _classify(pol) -> list[tuple[str, str, int]]:
-    """``(class, model, actions waiting)`` for each GPU model with waiting actions, in the policy's state now."""
-    gp = pol.gpu
-    out = []
-    for model, pool in pol.pools.items():
-        if pool.resource != "gpu" or not pool.waiting:
-            continue
-        found = set()
-        for rid in gp.by_model.get(model, ()):
-            r = gp.replicas[rid]
-            gpus = gp.nodes[r.node].gpus
-            if r.loading:
-                found.add("loading")
-            elif r.busy:
-                found.add("own")
-            elif any(gp.replicas[o].loading for i in r.gpus for o in gpus[i].replicas):
-                found.add("load")
-            elif any(gpus[i].busy for i in r.gpus):
-                found.add("other")
-            else:
-                found.add("free")
-        cls = next((c for c in CLASSES if c in found), "none")
-        out.append((cls, model, len(pool.waiting)))
-    return out
+CLASSES = GPU_WAIT_REASONS
 
 
 def gpu_waits(gen: Generated, cluster: ClusterSpec, options: TangramOptions | None = None) -> dict:
@@ -79,13 +54,13 @@ def gpu_waits(gen: Generated, cluster: ClusterSpec, options: TangramOptions | No
     def observed(now: float):
         if last[0] is not None:
             dt = now - last[0]
-            for cls, model, n in last[1]:
+            for model, cls, n in last[1]:
                 seconds[(cls, model)] += n * dt
         out = schedule(now)
         for d in out:
             if isinstance(d, Start):
                 starts[d.action] = now
-        last[0], last[1] = now, _classify(pol)
+        last[0], last[1] = now, pol.gpu_waiting()
         return out
 
     pol.schedule = observed

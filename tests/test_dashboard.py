@@ -368,3 +368,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_pool_table_says_what_holds_a_waiting_models_replicas():
+    """The Tangram page's pool table: a model's row says what holds its replicas while its actions wait (the
+    policy's ``gpu_waiting``), in words; other rows leave it empty. Rendered from a state, no browser."""
+    from tangram_dask.dashboard.components import PoolTable
+
+    pools = [{"pool": "cpu", "resource": "cpu", "capacity": 4, "free": 0, "running": 4, "queued": 2, "head": None},
+             {"pool": "gpu", "resource": "gpu", "capacity": 2, "free": 0, "running": 2, "queued": 3, "head": None},
+             {"pool": "prm", "resource": "gpu", "capacity": 1, "free": 1, "running": 0, "queued": 3, "head": None},
+             {"pool": "judge", "resource": "gpu", "capacity": 1, "free": 0, "running": 1, "queued": 0,
+              "head": None}]
+    state = {"policy": {"pools": pools, "unplaceable": [],
+                        "gpu_waiting": [{"model": "prm", "reason": "gpu_shared", "count": 3}]}}
+
+    class View:
+        def state(self):
+            return state
+
+    table = PoolTable(View())
+    table.update()
+    assert table.source.data["replicas"] == ["", "", "GPUs serving another model", ""]
+    assert "its replicas" in table.root.text and "GPUs serving another model" in table.root.text

@@ -25,7 +25,7 @@ def test_the_classes_add_up_to_the_gpu_actions_waiting():
     assert w["waited"] > 0
     assert sum(w["seconds"].values()) == pytest.approx(w["waited"], rel=1e-9)
     assert {c for c, _ in w["seconds"]} <= set(CLASSES)
-    assert {"other", "own"} <= {c for c, _ in w["seconds"]}  # the process reward model's replicas share GPUs
+    assert {"gpu_shared", "busy"} <= {c for c, _ in w["seconds"]}  # the process reward model's replicas share GPUs
 
 
 def test_on_the_standard_cluster_only_busy_replicas_make_actions_wait():
@@ -34,7 +34,7 @@ def test_on_the_standard_cluster_only_busy_replicas_make_actions_wait():
     w = gpu_waits(generate(load_workload("resources/bench/standard.yaml")),
                   load_cluster("resources/bench/cluster-standard.yaml"))
     assert w["waited"] > 0
-    assert {c for c, _ in w["seconds"]} == {"own"}
+    assert {c for c, _ in w["seconds"]} == {"busy"}
     assert sum(w["seconds"].values()) == pytest.approx(w["waited"], rel=1e-9)
 
 

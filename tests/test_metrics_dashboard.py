@@ -31,7 +31,7 @@ SCHEDULER_FAMILIES = {
     "unplaceable_actions": "gauge", "admission_queue": "gauge", "placements": "counter", "rejections": "counter",
     "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
     "model_replicas": "gauge", "model_memory_bytes": "gauge", "admissions": "counter",
-    "admission_wait_seconds": "counter",
+    "admission_wait_seconds": "counter", "gpu_waiting_actions": "gauge",
 }
 WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
                    "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",
@@ -141,6 +141,8 @@ def test_every_family_matches_state_json_at_the_same_moment(env):
     assert samples("admissions", "_total")[()] == c["admissions"]
     assert samples("admission_wait_seconds", "_total")[()] == pytest.approx(c["admission_wait_s"])
     assert samples("unplaceable_actions")[()] == sum(u["count"] for u in st["policy"]["unplaceable"])
+    assert samples("gpu_waiting_actions") == {(("model", w["model"]), ("reason", w["reason"])): w["count"]
+                                              for w in st["policy"]["gpu_waiting"]}
     assert samples("model_loads", "_total") == {(("model", m),): v for m, v in c["loads"].items()}
     ev.set()
     client.gather(holds)

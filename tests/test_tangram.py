@@ -1311,3 +1311,27 @@ def test_trajectory_hints_change_nothing_unless_admit_long_reads_them_and_then_s
     # without expectations, admit_long changes nothing (its targets apply once one was given)
     assert [bench_simulate(gen, cl, "tangram", options=TangramOptions(admit_long=2.0))[k] for k in keys] == \
         [default[k] for k in keys]
+
+
+def test_gpu_waiting_says_what_holds_each_models_replicas():
+    """``gpu_waiting`` (the snapshot's ``gpu_waiting``, exported as ``dask_tangram_gpu_waiting_actions``): two
+    models' replicas share one GPU. While model a's call runs there, model b's call waits with its replica
+    idle (``gpu_shared``); a second call of a waits for a's one replica (``busy``). Once a's call ends, b's
+    starts and a's second waits behind it on the shared GPU."""
+    from tangram_dask.dashboard.state import policy_data
+
+    pol = _gpu_case((1,), {"a": (16.0, 10.0), "b": (16.0, 10.0)}, [("a", (0,)), ("b", (0,))])
+    assert pol.gpu_waiting() == ()
+    pol.submit(0, _gpu_action("a", 0), 0.0)
+    assert len(pol.schedule(0.0)) == 1
+    pol.submit(1, _gpu_action("b", 1), 0.1)
+    pol.submit(2, _gpu_action("a", 2), 0.2)
+    assert pol.schedule(0.2) == []
+    assert sorted(pol.gpu_waiting()) == [("a", "busy", 1), ("b", "gpu_shared", 1)]
+    assert pol.snapshot().gpu_waiting == pol.gpu_waiting()
+    assert sorted(policy_data(pol.snapshot())["gpu_waiting"], key=lambda w: w["model"]) == [
+        {"model": "a", "reason": "busy", "count": 1}, {"model": "b", "reason": "gpu_shared", "count": 1}]
+    pol.finish(0, 1.0, 1.0)
+    (d,) = pol.schedule(1.0)
+    assert d.action == 1
+    assert pol.gpu_waiting() == (("a", "gpu_shared", 1),)

@@ -110,7 +110,11 @@ class PoolTable(DashboardComponent):
 
     COLUMNS = (("pool", "pool"), ("resource", "resource"), ("capacity", "capacity"), ("free", "free"),
                ("running", "running"), ("queued", "queued"), ("queued_units", "queued units"),
-               ("head", "head waits for"), ("reason", "why"))
+               ("head", "head waits for"), ("reason", "why"), ("replicas", "its replicas"))
+    # a model's row: what holds its replicas while its actions wait (the policy's gpu_waiting)
+    REPLICAS = {"idle": "one idle, held for a later start", "gpu_shared": "GPUs serving another model",
+                "gpu_loading": "GPUs held by another model's load", "loading": "one loading",
+                "busy": "all serving", "no_replica": "none"}
 
     def __init__(self, view: TangramView, **kwargs: Any):
         self.view = view
@@ -124,11 +128,13 @@ class PoolTable(DashboardComponent):
     def update(self) -> None:
         pol = self.view.state()["policy"]
         rows: dict[str, list[Any]] = {k: [] for k, _ in self.COLUMNS}
+        held = {w["model"]: self.REPLICAS.get(w["reason"], w["reason"]) for w in pol.get("gpu_waiting", ())}
 
         def add(pool: str, res: str, cap: Any, free: Any, run: Any, q: Any, qu: Any, sf: dict | None) -> None:
             for k, v in zip(("pool", "resource", "capacity", "free", "running", "queued", "queued_units"),
                             (pool, res, cap, free, run, q, qu)):
                 rows[k].append(v)
+            rows["replicas"].append(held.get(pool, "") if res == "gpu" and pool != "gpu" else "")
             if sf:
                 rows["head"].append(f"{sf['requested']} {sf['resource']} ({sf['free']} free, largest node "
                                     f"{sf['largest']})" + (" never fits" if sf.get("never") else ""))

@@ -16,6 +16,8 @@ Scheduler families (all read from :meth:`TangramView.state`):
 - ``dask_tangram_act_seconds{kind,resource}``: histogram of action completion time (submit to finish)
 - ``dask_tangram_units_capacity|units_in_use|units_free{resource,pool}``; ``dask_tangram_queued_actions{resource,pool}``
 - ``dask_tangram_unplaceable_actions``, ``dask_tangram_admission_queue``
+- ``dask_tangram_gpu_waiting_actions{model,reason}``: GPU actions waiting, by what holds their model's replicas
+  (``idle``, ``gpu_shared``: their GPUs serve another model, ``gpu_loading``, ``loading``, ``busy``, ``no_replica``)
 - ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
   ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
   (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
@@ -107,6 +109,12 @@ class TangramSchedulerCollector(PrometheusCollector):
                      sum(u["count"] for u in pol["unplaceable"]))
         yield _gauge(n("admission_queue"), "Trajectories waiting to be admitted", L, me,
                      pol["admission_queue"])
+        waiting = GaugeMetricFamily(n("gpu_waiting_actions"), "GPU actions waiting, by model and by what holds "
+                                    "its replicas (idle, gpu_shared, gpu_loading, loading, busy, no_replica)",
+                                    labels=[*L, "model", "reason"])
+        for w in pol.get("gpu_waiting", ()):
+            waiting.add_metric([me, w["model"], w["reason"]], w["count"])
+        yield waiting
 
         c = st["counters"]
         yield _counter(n("placements"), "Actions placed by the policy", L, me, c["placements"])

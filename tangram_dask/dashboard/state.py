@@ -180,7 +180,7 @@ def policy_data(snap: PolicySnapshot | None) -> dict[str, Any]:
     unplaceable actions). Unplaceable actions are grouped: one entry per distinct shortfall, with a count."""
     if snap is None:
         return {"policy": "", "pools": [], "replicas": [], "decisions": 0, "extra": {}, "unplaceable": [],
-                "admission_queue": 0, "nodes": []}
+                "admission_queue": 0, "nodes": [], "gpu_waiting": []}
     pools = []
     for p in snap.pools:
         d = {f: getattr(p, f) for f in _POOL}
@@ -193,4 +193,5 @@ def policy_data(snap: PolicySnapshot | None) -> dict[str, Any]:
     return {"policy": snap.policy, "pools": pools,
             "replicas": [[m, node, list(gpus), bool(busy)] for m, node, gpus, busy in snap.replicas],
             "decisions": snap.decisions, "extra": dict(snap.extra), "unplaceable": unplaceable,
-            "admission_queue": snap.admission_queue, "nodes": [{f: getattr(n, f) for f in _NODE} for n in snap.nodes]}
+            "admission_queue": snap.admission_queue, "nodes": [{f: getattr(n, f) for f in _NODE} for n in snap.nodes],
+            "gpu_waiting": [{"model": m, "reason": r, "count": c} for m, r, c in snap.gpu_waiting]}

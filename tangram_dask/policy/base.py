@@ -388,7 +388,11 @@ class Policy:
         return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions,
                               {"rejected": self.rejected},
                               tuple(sf for _, sf, _ in self.unplaceable.values()),
-                              self._admission_waiting(), self._node_stats())
+                              self._admission_waiting(), self._node_stats(), self.gpu_waiting())
+
+    def gpu_waiting(self) -> tuple[tuple[str, str, int], ...]:
+        """``(model, reason, actions)`` for each model whose GPU actions wait (``GPU_WAIT_REASONS``); none here."""
+        return ()
 
     def _admission_waiting(self) -> int:
         return 0

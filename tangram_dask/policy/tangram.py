@@ -45,7 +45,7 @@ from .gpus import GpuPlacement
 from .placement import Placement
 from .queues import Pending, Pool, Rate, Reservation, _pending
 from .residency import _MIN_DEMAND_S, Residency
-from .types import ActionId, Decision, PoolStats, ReplicaId, Shortfall
+from .types import GPU_WAIT_REASONS, ActionId, Decision, PoolStats, ReplicaId, Shortfall
 
 
 @dataclass(frozen=True)
@@ -550,6 +550,34 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.api.total if pool.resource == "api" else self._largest_gpus())
         return Shortfall(pool.resource, spec.units_min, free, why.format(need=spec.units_min, model=pool.name),
                          pool.name, largest, False, spec.kind)
+
+    def gpu_waiting(self) -> tuple[tuple[str, str, int], ...]:
+        """``(model, reason, actions)`` for each model whose GPU actions wait: the first reason of
+        ``GPU_WAIT_REASONS`` that one of its replicas gives (an idle replica held back, an idle one whose GPUs
+        serve another model or hold a load, one loading, all busy with its own actions, none at all).
+        benchmarks/gpu_waits.py sums it over a run; the scheduler exports it (``dask_tangram_gpu_waiting_actions``)."""
+        gp = self.gpu
+        out = []
+        for model, pool in self.pools.items():
+            if pool.resource != "gpu" or not pool.waiting:
+                continue
+            found = set()
+            for rid in gp.by_model.get(model, ()):
+                r = gp.replicas[rid]
+                gpus = gp.nodes[r.node].gpus
+                if r.loading:
+                    found.add("loading")
+                elif r.busy:
+                    found.add("busy")
+                elif any(gp.replicas[o].loading for i in r.gpus for o in gpus[i].replicas):
+                    found.add("gpu_loading")
+                elif any(gpus[i].busy for i in r.gpus):
+                    found.add("gpu_shared")
+                else:
+                    found.add("idle")
+            reason = next((c for c in GPU_WAIT_REASONS if c in found), "no_replica")
+            out.append((model, reason, len(pool.waiting)))
+        return tuple(out)
 
     def _largest_gpus(self) -> int:
         return max((s.gpus for s in self._capacity.gpu_shapes), default=0)

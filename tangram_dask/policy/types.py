@@ -193,6 +193,8 @@ class PolicySnapshot:
     (``resource == "gpu"``, ``pool`` the model's name). ``unplaceable``: the
     actions no current node can ever hold, each as a :class:`Shortfall` with
     ``never=True``. ``admission_queue``: trajectories waiting to be admitted.
+    ``gpu_waiting``: ``(model, reason, actions)`` for each model whose actions wait,
+    the reason one of :data:`GPU_WAIT_REASONS` (:meth:`TangramPolicy.gpu_waiting`).
     """
 
     policy: str
@@ -203,3 +205,15 @@ class PolicySnapshot:
     unplaceable: tuple[Shortfall, ...] = ()
     admission_queue: int = 0
     nodes: tuple[NodeStats, ...] = ()
+    gpu_waiting: tuple[tuple[str, str, int], ...] = ()
+
+
+# Why a model's GPU actions wait, from the state of its replicas, the first that holds:
+GPU_WAIT_REASONS = (
+    "idle",         # one replica is idle on idle GPUs: the policy holds it (a claim, a larger head first)
+    "gpu_shared",   # one replica is idle, but its GPUs serve another model's action (one action per GPU)
+    "gpu_loading",  # one replica is idle, but its GPUs are held by another replica's load
+    "loading",      # one replica is loading
+    "busy",         # every replica serves this model's actions
+    "no_replica",   # the model has no replica
+)
