@@ -564,14 +564,13 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             found = set()
             for rid in gp.by_model.get(model, ()):
                 r = gp.replicas[rid]
-                gpus = gp.nodes[r.node].gpus
                 if r.loading:
                     found.add("loading")
                 elif r.busy:
                     found.add("busy")
-                elif any(gp.replicas[o].loading for i in r.gpus for o in gpus[i].replicas):
+                elif self._held_by_load(rid):  # a GPU of it holds another replica's load
                     found.add("gpu_loading")
-                elif any(gpus[i].busy for i in r.gpus):
+                elif any(gp.nodes[r.node].gpus[i].busy for i in r.gpus):
                     found.add("gpu_shared")
                 else:
                     found.add("idle")
