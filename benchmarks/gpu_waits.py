@@ -38,8 +38,6 @@ from tangram_dask.policy.types import GPU_WAIT_REASONS, Start  # noqa: E402
 from tangram_dask.sim import Simulator  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload, parse_workload  # noqa: E402
 
-CLASSES = GPU_WAIT_REASONS
-
 
 def gpu_waits(gen: Generated, cluster: ClusterSpec, options: TangramOptions | None = None) -> dict:
     """Run tangram on ``gen`` and classify its GPU actions' waiting. Returns ``seconds`` (a Counter keyed by
@@ -79,10 +77,10 @@ def report(name: str, w: dict) -> str:
         by_class[cls] += s
     lines = [f"{name}: ACT/ideal {w['act_mean'] / w['ideal_mean']:.3f}; GPU waiting {w['waited'] / scale:.3f} "
              f"(classified {sum(by_class.values()) / scale:.3f}): "
-             + ", ".join(f"{c} {by_class[c] / scale:.3f}" for c in CLASSES if by_class[c])]
+             + ", ".join(f"{c} {by_class[c] / scale:.3f}" for c in GPU_WAIT_REASONS if by_class[c])]
     models = sorted({m for _, m in w["seconds"]})
     for m in models:
-        parts = [f"{c} {w['seconds'][(c, m)] / scale:.3f}" for c in CLASSES if w["seconds"][(c, m)] > 0]
+        parts = [f"{c} {w['seconds'][(c, m)] / scale:.3f}" for c in GPU_WAIT_REASONS if w["seconds"][(c, m)] > 0]
         lines.append(f"    {m:<14}" + ", ".join(parts))
     return "\n".join(lines)
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from tangram_dask.cluster import load_cluster
+from tangram_dask.policy.types import GPU_WAIT_REASONS
 from tangram_dask.workload import generate, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_waits import CLASSES, gpu_waits  # noqa: E402
+from gpu_waits import gpu_waits  # noqa: E402
 
 
 def test_the_classes_add_up_to_the_gpu_actions_waiting():
@@ -24,7 +25,7 @@ def test_the_classes_add_up_to_the_gpu_actions_waiting():
                   load_cluster("resources/variants/cluster-gpu-mixed.yaml"))
     assert w["waited"] > 0
     assert sum(w["seconds"].values()) == pytest.approx(w["waited"], rel=1e-9)
-    assert {c for c, _ in w["seconds"]} <= set(CLASSES)
+    assert {c for c, _ in w["seconds"]} <= set(GPU_WAIT_REASONS)
     assert {"gpu_shared", "busy"} <= {c for c, _ in w["seconds"]}  # the process reward model's replicas share GPUs
 
 
