@@ -1,0 +1,143 @@
+"""Could another deployed layout give tangram static's reward ACT? Every layout of the contract's replicas, each run.
+
+Issue 8 asks that the reward kinds' ACT on the standard files be no worse than static's. Static serves them from
+the deployed split (WORKLOAD.md, "The static split") and, holding at most one trajectory per bound sandbox, rarely
+queues one. Tangram starts from the same split and may reshape it, paying a load each time. This script gives
+tangram every other split for free: each vector of replica counts, one replica or more per model, with replicas of
+the contract's size, each within one topology group and none sharing a GPU, that leaves no room for one replica more.
+Tangram starts from it (no load paid, every other rule the same) and the script prints each GPU kind's ACT, the
+mean ACT and the step, beside static's on the contract's split (marked ``*``).
+
+A reward kind that stays over static's on every layout cannot be brought to static's by any reshaping of the
+contract's replicas: a reshape during the step only adds its loads. What is left is the rate at which rewards
+arrive, which the admission gate sets (``-o admission_gpu=0.3`` shows that trade).
+
+    python benchmarks/reward_layouts.py [WORKLOAD CLUSTER] [-o key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tangram_dask.cluster import ClusterSpec, load_cluster  # noqa: E402
+from tangram_dask.policy import TangramOptions, TangramPolicy, initial_replicas, make_policy  # noqa: E402
+from tangram_dask.policy.types import ReplicaSpec  # noqa: E402
+from tangram_dask.sim import Simulator  # noqa: E402
+from tangram_dask.workload import Generated, generate, load_workload  # noqa: E402
+
+
+def gpu_models(gen: Generated) -> dict[str, int]:
+    """The workload's GPU models and the GPUs the contract gives a replica of each (before memory grows it):
+    the largest ``units.min`` among the model's kinds, as the static split sizes it."""
+    size: dict[str, int] = {}
+    for k in gen.spec.kinds:
+        if k.resource == "gpu":
+            size[k.model] = max(size.get(k.model, 1), k.units_min)
+    return size
+
+
+def place(cluster: ClusterSpec, gen: Generated, counts: dict[str, int]) -> list[ReplicaSpec] | None:
+    """``counts`` replicas per model on whole GPUs, each in the group with the fewest free GPUs that fits it (the
+    static split's rule), larger replicas first; None where they do not all fit."""
+    size = gpu_models(gen)
+    free = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
+    out: list[ReplicaSpec] = []
+    order = sorted(counts, key=lambda m: (-gen.spec.models[m].gpu_memory_gb, m))
+    for m in order:
+        for _ in range(counts[m]):
+            best = None
+            for ni, groups in enumerate(free):
+                k = gen.spec.models[m].replica_gpus(size[m], cluster.gpu_nodes[ni].gpu_memory_gb)
+                for gi, g in enumerate(groups):
+                    if len(g) >= k and (best is None or len(g) < best[0]):
+                        best = (len(g), ni, gi, k)
+            if best is None:
+                return None
+            _, ni, gi, k = best
+            g = free[ni][gi]
+            out.append(ReplicaSpec(m, cluster.gpu_nodes[ni].name, tuple(g[:k])))
+            free[ni][gi] = g[k:]
+    return out
+
+
+def layouts(cluster: ClusterSpec, gen: Generated) -> list[dict[str, int]]:
+    """Every count vector (one replica or more per model) that fits and leaves no room for one more."""
+    models = sorted(gpu_models(gen))
+    most = cluster.gpu_count
+    fits = {}
+    for counts in product(range(1, most + 1), repeat=len(models)):
+        c = dict(zip(models, counts))
+        if sum(counts) <= most and place(cluster, gen, c) is not None:
+            fits[counts] = c
+    out = []
+    for counts, c in fits.items():
+        grown = (tuple(n + (i == j) for j, n in enumerate(counts)) for i in range(len(models)))
+        if not any(g in fits for g in grown):
+            out.append(c)
+    return out
+
+
+def run(gen: Generated, cluster: ClusterSpec, replicas: list[ReplicaSpec] | None,
+        options: TangramOptions | None = None) -> dict:
+    """Tangram from ``replicas`` (None: static on the contract's split): per GPU kind its mean ACT, then the mean
+    ACT, the step and the model loads."""
+    if replicas is None:
+        pol = make_policy("static", cluster, gen.spec)
+    else:
+        pol = TangramPolicy(cluster, gen.spec.models, replicas, options=options)
+    res = Simulator(gen, cluster, pol, timer=time.perf_counter).run()
+    act = res.end - res.issue
+    out = {k.kind: float(act[gen.kind == i].mean()) for i, k in enumerate(gen.spec.kinds)
+           if k.resource == "gpu" and (gen.kind == i).any()}
+    out.update(act=float(act.mean()), step=float(np.mean(np.subtract(res.step_end, res.step_start))),
+               loads=res.model_loads)
+    return out
+
+
+def counts_of(replicas: list[ReplicaSpec]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in replicas:
+        out[r.model] = out.get(r.model, 0) + 1
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload", nargs="?", default=str(ROOT / "resources/bench/standard.yaml"))
+    ap.add_argument("cluster", nargs="?", default=str(ROOT / "resources/bench/cluster-standard.yaml"))
+    ap.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE")
+    a = ap.parse_args()
+    gen = generate(load_workload(a.workload))
+    cl = load_cluster(a.cluster)
+    options = TangramOptions(**{k: float(v) for k, v in (x.split("=", 1) for x in a.option)})
+    contract = counts_of(initial_replicas(cl, gen.spec))
+    kinds = [k.kind for k in gen.spec.kinds if k.resource == "gpu"]
+    models = sorted(gpu_models(gen))
+    static = run(gen, cl, None)
+    print(f"{gen.spec.name} on {cl.name}: replicas per model ({', '.join(models)}); * the contract's split")
+    head = f"{'layout':>14} {'policy':>8} " + " ".join(f"{k:>13}" for k in kinds) + f" {'ACT':>7} {'step':>7} loads"
+    print(head)
+
+    def row(c: dict[str, int], name: str, r: dict) -> str:
+        lay = "/".join(str(c.get(m, 0)) for m in models) + ("*" if c == contract else " ")
+        return (f"{lay:>14} {name:>8} " + " ".join(f"{r[k]:>13.3f}" for k in kinds)
+                + f" {r['act']:>7.3f} {r['step']:>7.1f} {r['loads']:>5}")
+
+    print(row(contract, "static", static))
+    for c in sorted(layouts(cl, gen), key=lambda c: [c[m] for m in models]):
+        r = run(gen, cl, place(cl, gen, c), options)
+        beats = [k for k in kinds if r[k] <= static[k] + 1e-9]
+        print(row(c, "tangram", r) + (f"  no worse than static: {', '.join(beats)}" if beats else ""))
+
+
+if __name__ == "__main__":
+    main()
