@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from tangram_dask.cluster import ClusterSpec, load_cluster  # noqa: E402
 from tangram_dask.policy import TangramOptions, TangramPolicy, initial_replicas, make_policy  # noqa: E402
+from tangram_dask.policy.split import Groups  # noqa: E402
 from tangram_dask.policy.types import ReplicaSpec  # noqa: E402
 from tangram_dask.sim import Simulator  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload  # noqa: E402
@@ -46,27 +47,14 @@ def gpu_models(gen: Generated) -> dict[str, int]:
 
 
 def place(cluster: ClusterSpec, gen: Generated, counts: dict[str, int]) -> list[ReplicaSpec] | None:
-    """``counts`` replicas per model on whole GPUs, each in the group with the fewest free GPUs that fits it (the
-    static split's rule), larger replicas first; None where they do not all fit."""
-    size = gpu_models(gen)
-    free = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
-    out: list[ReplicaSpec] = []
-    order = sorted(counts, key=lambda m: (-gen.spec.models[m].gpu_memory_gb, m))
-    for m in order:
+    """``counts`` replicas per model, larger models first, each placed as the static split places one
+    (:class:`~tangram_dask.policy.split.Groups`); None where they do not all fit."""
+    groups = Groups(cluster, gen.spec.models, gpu_models(gen))
+    for m in sorted(counts, key=lambda m: (-gen.spec.models[m].gpu_memory_gb, m)):
         for _ in range(counts[m]):
-            best = None
-            for ni, groups in enumerate(free):
-                k = gen.spec.models[m].replica_gpus(size[m], cluster.gpu_nodes[ni].gpu_memory_gb)
-                for gi, g in enumerate(groups):
-                    if len(g) >= k and (best is None or len(g) < best[0]):
-                        best = (len(g), ni, gi, k)
-            if best is None:
+            if not groups.place(m):
                 return None
-            _, ni, gi, k = best
-            g = free[ni][gi]
-            out.append(ReplicaSpec(m, cluster.gpu_nodes[ni].name, tuple(g[:k])))
-            free[ni][gi] = g[k:]
-    return out
+    return groups.placed
 
 
 def layouts(cluster: ClusterSpec, gen: Generated) -> list[dict[str, int]]:

@@ -35,27 +35,13 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
     n_gpus = cluster.gpu_count
     # no expected demand at all (every median 0): an equal share each, not a division by zero
     share = {m: (demand[m] / total if total > 0 else 1 / len(demand)) * n_gpus for m in demand}
-    # free GPUs per (node index, group index), as lists of GPU indices
-    free: list[list[list[int]]] = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
-    out: list[ReplicaSpec] = []
+    groups = Groups(cluster, models, size)
     given = {m: 0 for m in demand}
 
     def place(m: str) -> bool:
-        best = None
-        for ni, groups in enumerate(free):
-            # grown per node: a node with smaller GPUs needs more of them for the same model
-            k = models[m].replica_gpus(size[m], cluster.gpu_nodes[ni].gpu_memory_gb)
-            for gi, g in enumerate(groups):
-                if len(g) >= k and (best is None or len(g) < best[0]):
-                    best = (len(g), ni, gi, k)
-        if best is None:
-            return False
-        _, ni, gi, k = best
-        g = free[ni][gi]
-        gpus, free[ni][gi] = tuple(g[:k]), g[k:]
-        out.append(ReplicaSpec(m, cluster.gpu_nodes[ni].name, gpus))
+        k = groups.place(m)
         given[m] += k
-        return True
+        return k > 0
 
     order: Sequence[str] = sorted(demand, key=lambda m: (-demand[m], m))
     for m in order:
@@ -65,4 +51,33 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
         m = max(sorted(fits), key=lambda x: share[x] - given[x])
         if not place(m):
             fits.discard(m)
-    return out
+    return groups.placed
+
+
+class Groups:
+    """The free GPUs of each topology group, and the replicas placed on them so far (``placed``): a replica of
+    ``size[model]`` GPUs (grown until its share of the model's memory fits a GPU of the node) goes whole into
+    the group with the fewest free GPUs that fits it (ties: node, then group order), no two on a GPU."""
+
+    def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec], size: dict[str, int]):
+        self.cluster, self.models, self.size = cluster, models, size
+        # free GPUs per (node index, group index), as lists of GPU indices
+        self.free: list[list[list[int]]] = [[list(g) for g in n.group_gpus()] for n in cluster.gpu_nodes]
+        self.placed: list[ReplicaSpec] = []
+
+    def place(self, m: str) -> int:
+        """Place one replica of ``m``: the GPUs it took, 0 where no group fits it."""
+        best = None
+        for ni, groups in enumerate(self.free):
+            # grown per node: a node with smaller GPUs needs more of them for the same model
+            k = self.models[m].replica_gpus(self.size[m], self.cluster.gpu_nodes[ni].gpu_memory_gb)
+            for gi, g in enumerate(groups):
+                if len(g) >= k and (best is None or len(g) < best[0]):
+                    best = (len(g), ni, gi, k)
+        if best is None:
+            return 0
+        _, ni, gi, k = best
+        g = self.free[ni][gi]
+        gpus, self.free[ni][gi] = tuple(g[:k]), g[k:]
+        self.placed.append(ReplicaSpec(m, self.cluster.gpu_nodes[ni].name, gpus))
+        return k
