@@ -3,9 +3,11 @@ from the contract's split is the bench's own tangram run."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from benchmarks.reward_layouts import counts_of, gpu_models, layouts, place, run
+from benchmarks.reward_layouts import counts_of, gpu_models, layouts, main, place, run
 from tangram_dask.bench import simulate
 from tangram_dask.cluster import load_cluster
 from tangram_dask.policy import initial_replicas
@@ -44,13 +46,37 @@ def test_each_layout_fits_and_leaves_no_room_for_one_more(files):
             assert place(cl, gen, {**c, m: c[m] + 1}) is None
 
 
-def test_a_run_from_the_contracts_split_is_the_benchs_tangram_run():
-    gen, cl = _load(STANDARD)
-    mine = run(gen, cl, initial_replicas(cl, gen.spec))
+@pytest.mark.parametrize("cluster", ["cluster-standard", "cluster-tight"])
+def test_on_the_standard_files_where_a_split_goes_does_not_change_the_run(cluster):
+    """place's arrangement of the contract's counts is not the static split's (it places larger models first), but
+    where nodes are alike, no replicas share a GPU and nothing loads, the runs are the same to the bit."""
+    gen, cl = _load(("resources/bench/standard.yaml", f"resources/bench/{cluster}.yaml"))
+    deployed = initial_replicas(cl, gen.spec)
+    mine = place(cl, gen, counts_of(deployed))
+    assert set(mine) != set(deployed)
+    assert run(gen, cl, mine) == run(gen, cl, deployed)
+
+
+@pytest.mark.parametrize("files", [STANDARD, GPU_BOUND], ids=["standard", "gpu-bound"])
+def test_the_contracts_row_is_the_benchs_own_run(files, capsys, monkeypatch):
+    gen, cl = _load(files)
     bench = simulate(gen, cl, "tangram")
+    static = simulate(gen, cl, "static")
+    mine = run(gen, cl, initial_replicas(cl, gen.spec))
     assert mine["act"] == pytest.approx(bench["act_mean_s"])
     assert mine["step"] == pytest.approx(bench["step_s"])
-    for kind in ("judge_small", "judge_large"):
+    for kind in gpu_kinds(gen):
         assert mine[kind] == pytest.approx(bench["by_kind"][kind]["act_mean_s"])
-    static = run(gen, cl, None)
-    assert static["judge_large"] == pytest.approx(simulate(gen, cl, "static")["by_kind"]["judge_large"]["act_mean_s"])
+        assert run(gen, cl, None)[kind] == pytest.approx(static["by_kind"][kind]["act_mean_s"])
+    # and the script prints that run on the contract's row (marked *), not another arrangement of its counts
+    monkeypatch.setattr(sys, "argv", ["reward_layouts.py", *files])
+    main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "*" in line and "tangram" in line]
+    assert len(rows) == 1
+    n = len(gpu_kinds(gen))  # layout, policy, one column per GPU kind, then ACT and step
+    assert float(rows[0][2 + n]) == pytest.approx(bench["act_mean_s"], abs=5e-4)
+    assert float(rows[0][3 + n]) == pytest.approx(bench["step_s"], abs=0.05)
+
+
+def gpu_kinds(gen):
+    return [k.kind for k in gen.spec.kinds if k.resource == "gpu"]
