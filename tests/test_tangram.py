@@ -419,7 +419,6 @@ def test_a_tool_model_gets_a_replica_ahead_for_the_rest_of_the_step():
     assert on.metrics["act_mean_s"] < off.metrics["act_mean_s"] and on.metrics["step_s"] < off.metrics["step_s"]
 
 
-
 def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     """``plan_busy`` (0.2, the default): in the warm-up on a GPU-leaning cluster, a model whose replicas
     those in flight would keep over 20% busy gets one more as soon as one of its calls waits. On the
@@ -443,6 +442,7 @@ def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     assert runs[0.2].act[prm].mean() < runs[0.0].act[prm].mean() - 0.05
     assert runs[0.2].metrics["act_mean_s"] < runs[0.0].metrics["act_mean_s"]
     assert runs[0.2].metrics["step_s"] < runs[0.0].metrics["step_s"]
+
 
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
