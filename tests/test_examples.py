@@ -74,15 +74,16 @@ def test_existing_cluster_with_a_preloaded_scheduler_and_worker_processes(tmp_pa
             time.sleep(0.1)
         address = json.loads(sched_file.read_text())["address"]
         lines = run_example("existing_cluster.py", address, "--workers", "2")
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    finally:  # the workers first, while their scheduler is there to see them leave (else their nannies retry)
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                p.send_signal(signal.SIGTERM)
+            for p in group:
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
     grants = [re.fullmatch(r"(\d) slots on (tcp://\S+), sandbox saw (\d) cpus -> ok 45", line) for line in lines[:4]]
     assert all(grants), lines
     assert len({g[2] for g in grants}) == 2  # both workers served actions

@@ -229,10 +229,9 @@ def test_the_scheduler_and_worker_commands_of_the_manifest_run_and_serve_the_tar
             assert set(targets["kinds"]) == {"cpu", "gpu"}
             assert targets["kinds"]["gpu"]["group"] == "tangram-gpu"
             assert get("/api/v1/adaptive_target")["workers"] == targets["total"]
-        finally:
+        finally:  # the worker first, while its scheduler is there to see it leave (else its nanny retries)
             for p in reversed(procs):
                 p.terminate()
-            for p in procs:
                 try:
                     p.wait(20)
                 except subprocess.TimeoutExpired:

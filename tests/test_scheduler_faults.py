@@ -121,14 +121,15 @@ def test_install_with_dask_scheduler_preload(tmp_path):
             assert snap["policy"] == "tangram" and snap["plugin"]["finished"] == 7
             api_pool = next(p for p in snap["pools"] if p["resource"] == "api")
             assert api_pool["capacity"] == 1  # DASK_TANGRAM__SCHEDULER__API_TOKENS reached the preload
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    finally:  # the workers first, while their scheduler is there to see them leave
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def _granted() -> tuple[int, str]:
