@@ -249,3 +249,39 @@ def test_the_model_device_benchmark_measures_minilm_through_the_ledger():
                                                          / 1e6, abs=0.01)
     assert row["load_s"] is not None and row["score_64_ms"] > 0 and row["pairs_per_s"] > 0
     assert row["scores"][0] > row["scores"][1]  # the paraphrase scores above the unrelated answer
+
+
+class _Raises:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def __call__(self, devices):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, closed, level", [
+    (OSError("weights file truncated"), False, "WARNING"),
+    (RuntimeError("cannot schedule new futures after interpreter shutdown"), False, "INFO"),
+    (OSError("weights file truncated"), True, "INFO"),
+])
+def test_a_load_that_fails_while_the_worker_shuts_down_is_not_logged_as_a_broken_loader(exc, closed, level, caplog):
+    """Ctrl-C in the demo stopped a worker while a loader ran, and the loader's threads were refused by the
+    interpreter: that was logged as a warning that the loader failed. A load failing on a closed residency, or
+    with the interpreter's shutdown error, is logged at INFO; any other failure is still a warning. Either way
+    the action that needs it gets the error."""
+    from tangram_dask.models import ModelEntry, Residency
+    import threading
+    reported = threading.Event()  # the failure is logged, then reported
+    res = Residency([10**9], lambda name: ModelEntry(name, _Raises(exc), 1000), lambda gpus: ("cpu",),
+                    report=lambda rep: reported.set() if rep.state == "failed" else None)
+    if closed:
+        res._closed = True  # as close() sets it, without shutting the load threads (the load must still run)
+    with caplog.at_level("INFO", logger="tangram_dask.models"):
+        res.prepare("a", 1, "rm", (0,))
+        with pytest.raises(ModelError, match=f"the loader of model 'rm' failed on GPUs \\[0\\].*{type(exc).__name__}"):
+            res.get("a", timeout=10)
+        assert reported.wait(10)
+    recs = [r for r in caplog.records if "the loader of model 'rm' failed" in r.getMessage()]
+    assert [r.levelname for r in recs] == [level]
+    assert res.stats.failures == 1 and res.used == [0]
+    res.close()

@@ -408,7 +408,10 @@ class Residency:
             r.ready.set()
             gc.collect()
             self.probe.freed(r.devices)
-            logger.warning("tangram: %s", r.error)
+            if self._closed or _at_shutdown(e):  # Ctrl-C or a closing worker: expected, not a broken loader
+                logger.info("tangram: %s (the worker is shutting down)", r.error)
+            else:
+                logger.warning("tangram: %s", r.error)
             self._report(r, FAILED, str(r.error))
 
     def _report(self, r: Replica, state: str, error: str = "") -> None:
@@ -420,3 +423,14 @@ class Residency:
                                         r.measured_by, r.load_s, error, free, r.first))
         except Exception:  # reporting must never break residency
             logger.exception("tangram: could not report replica %d %s", r.rid, state)
+
+
+def _at_shutdown(e: BaseException | None) -> bool:
+    """The error, or one it was raised from, is the interpreter's own refusal while it shuts down (a loader
+    that starts threads, as torch's and transformers' do, after the worker process was told to exit)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, RuntimeError) and "interpreter shutdown" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
