@@ -6,12 +6,17 @@ the file format. ``hand_run`` builds a :class:`~tangram_dask.workload.Generated`
 by hand (exact kinds, LLM delays and durations per trajectory) for cases whose
 answer is worked out on paper; ``simulate`` runs any of them under audit and
 records every decision the policy made. ``wait_on_scheduler`` is for the live
-tests: it waits until what a client submitted has reached the scheduler.
+tests: it waits until what a client submitted has reached the scheduler;
+``stop_workers_then_scheduler`` tears down ``dask scheduler`` / ``dask worker``
+processes a test started.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
@@ -230,3 +235,26 @@ def wait_on_scheduler(client: Any, keys: Sequence[Hashable], *, timeout: float =
             f"timed out after {timeout:g} s waiting for {what or 'the tasks to reach the scheduler'}: " \
             f"{dict(zip(keys, states))}"
         time.sleep(0.02)
+
+
+def stop_workers_then_scheduler(scheduler: subprocess.Popen, workers: Sequence[subprocess.Popen],
+                                timeout: float = 20.0) -> None:
+    """SIGTERM the workers and wait for them, then the scheduler: a worker's nanny whose scheduler is already
+    gone retries it for up to 20 s before it exits (the manifest test took 26 s for that). What is still
+    running after ``timeout`` is killed, with its process group where it leads one (``start_new_session``)."""
+    for group in (list(workers), [scheduler]):
+        for p in group:
+            if p.poll() is None:
+                p.terminate()
+        for p in group:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    if os.getpgid(p.pid) == p.pid:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    else:
+                        p.kill()
+                except ProcessLookupError:
+                    pass
+                p.wait()

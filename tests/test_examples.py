@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stop_workers_then_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -74,16 +74,8 @@ def test_existing_cluster_with_a_preloaded_scheduler_and_worker_processes(tmp_pa
             time.sleep(0.1)
         address = json.loads(sched_file.read_text())["address"]
         lines = run_example("existing_cluster.py", address, "--workers", "2")
-    finally:  # the workers first, while their scheduler is there to see them leave (else their nannies retry)
-        for group in (procs[1:], procs[:1]):
-            for p in group:
-                p.send_signal(signal.SIGTERM)
-            for p in group:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+    finally:
+        stop_workers_then_scheduler(procs[0], procs[1:])
     grants = [re.fullmatch(r"(\d) slots on (tcp://\S+), sandbox saw (\d) cpus -> ok 45", line) for line in lines[:4]]
     assert all(grants), lines
     assert len({g[2] for g in grants}) == 2  # both workers served actions

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import stop_workers_then_scheduler
 
 jsonschema = pytest.importorskip("jsonschema")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -229,10 +230,5 @@ def test_the_scheduler_and_worker_commands_of_the_manifest_run_and_serve_the_tar
             assert set(targets["kinds"]) == {"cpu", "gpu"}
             assert targets["kinds"]["gpu"]["group"] == "tangram-gpu"
             assert get("/api/v1/adaptive_target")["workers"] == targets["total"]
-        finally:  # the worker first, while its scheduler is there to see it leave (else its nanny retries)
-            for p in reversed(procs):
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        finally:
+            stop_workers_then_scheduler(procs[0], procs[1:])

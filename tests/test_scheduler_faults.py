@@ -16,6 +16,7 @@ from distributed import Client, KilledWorker
 import tangram_dask
 from tangram_dask.scheduler import TangramSchedulerPlugin, snapshot
 
+from conftest import stop_workers_then_scheduler
 from test_scheduler_plugin import _cpu_worker, start_cluster, wait_nodes
 
 
@@ -121,15 +122,8 @@ def test_install_with_dask_scheduler_preload(tmp_path):
             assert snap["policy"] == "tangram" and snap["plugin"]["finished"] == 7
             api_pool = next(p for p in snap["pools"] if p["resource"] == "api")
             assert api_pool["capacity"] == 1  # DASK_TANGRAM__SCHEDULER__API_TOKENS reached the preload
-    finally:  # the workers first, while their scheduler is there to see them leave
-        for group in (procs[1:], procs[:1]):
-            for p in group:
-                p.terminate()
-            for p in group:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    finally:
+        stop_workers_then_scheduler(procs[0], procs[1:], timeout=10)
 
 
 def _granted() -> tuple[int, str]:
