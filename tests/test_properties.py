@@ -260,3 +260,22 @@ def test_audit_catches_over_allocation(resource):
         Simulator(gen, cl, _OverbookingFifo.make(cl, wl), audit=True).run()
     # without the audit the same run goes through: the audit is what catches it
     Simulator(gen, cl, _OverbookingFifo.make(cl, wl), audit=False).run()
+
+
+def _servers_naive(a: float, c: int, most: int, wait: float) -> int:
+    """The fewest servers from ``c`` up as the residency rules read it: Erlang C computed anew for each count."""
+    from tangram_dask.policy.residency import _erlang_wq
+    while a > 0 and c < most and _erlang_wq(c, a, 1.0) > wait:
+        c += 1
+    return c
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=st.one_of(st.just(0.0), st.floats(0.0, 3.0), st.floats(0.0, 400.0), st.integers(1, 40).map(float)),
+       c=st.integers(0, 300), extra=st.integers(0, 400),
+       wait=st.one_of(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]), st.floats(0.0, 2.0)))
+def test_servers_carried_erlang_b_is_the_naive_search(a, c, extra, wait):
+    """``_servers`` carries Erlang B from one server count to the next (O(servers), not O(servers^2)); its
+    answer is the naive search's, to the server."""
+    from tangram_dask.policy.residency import _servers
+    assert _servers(a, c, c + extra, wait) == _servers_naive(a, c, c + extra, wait)

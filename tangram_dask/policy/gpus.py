@@ -242,8 +242,8 @@ class GpuPlacement:
             if end is not None and self._claimed(r.node, r.gpus, end):
                 continue
             key = k if k <= spec.units_max else -k
-            if best is not None and key < best_k:
-                continue
+            if best is not None and (key < best_k or (key == best_k and best_c <= 0.0)):
+                continue  # no better: a smaller key, or the same with none beside it to spare (c >= 0)
             c = self._shared_need(r) if spare else 0.0
             if best is None or key > best_k or c < best_c:
                 best, best_k, best_c = rid, key, c
