@@ -279,3 +279,13 @@ def test_servers_carried_erlang_b_is_the_naive_search(a, c, extra, wait):
     answer is the naive search's, to the server."""
     from tangram_dask.policy.residency import _servers
     assert _servers(a, c, c + extra, wait) == _servers_naive(a, c, c + extra, wait)
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=st.one_of(st.just(0.0), st.floats(0.0, 3.0), st.floats(0.0, 400.0), st.integers(1, 40).map(float)),
+       c=st.integers(-1, 300), s=st.floats(0.01, 100.0))
+def test_erlang_pair_is_two_erlang_waits(a, c, s):
+    """``_erlang_wq_pair`` (one recursion for the waits on ``c`` and ``c + 1`` servers, as ``_plan_ahead`` asks) gives
+    ``_erlang_wq``'s two floats, bit for bit."""
+    from tangram_dask.policy.residency import _erlang_wq, _erlang_wq_pair
+    assert _erlang_wq_pair(c, a, s) == (_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))

@@ -87,10 +87,10 @@ class Residency:
                 horizon = max(horizon, rest)
             c = len(gp.by_model.get(model, ()))
             s = a / n
-            w0 = _erlang_wq(c, a, s)
-            saved = math.inf if w0 == math.inf else n * (w0 - _erlang_wq(c + 1, a, s))
+            w0, w1 = _erlang_wq_pair(c, a, s)
+            saved = math.inf if w0 == math.inf else n * (w0 - w1)
             ms = self.models[model]
-            k = ms.replica_gpus(spec.units_min, max(st.spec.gpu_memory_gb for st in gp.nodes.values()))
+            k = ms.replica_gpus(spec.units_min, max(sh.gpu_memory_gb for sh in self._capacity.gpu_shapes))
             if saved * horizon <= ms.load_s * k:
                 continue
             site = self._load_site(model, spec)
@@ -641,12 +641,31 @@ def _servers(a: float, c: int, most: int, wait: float) -> int:
     b = 1.0
     for k in range(1, c + 1):  # Erlang B on c servers
         b = a * b / (k + a * b)
+        if b == 0.0:
+            break  # underflowed: every later step gives 0.0 again
     while c < most:
         if a < c and c * b / (c - a * (1.0 - b)) / (c - a) <= wait:
             return c
         c += 1
         b = a * b / (c + a * b)
     return c
+
+
+def _erlang_wq_pair(c: int, a: float, s: float) -> tuple[float, float]:
+    """``(_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))`` from one Erlang B recursion (the same floats: the
+    recursion to ``c + 1`` passes through ``c``)."""
+    if c + 1 <= 0 or a >= c + 1:
+        return math.inf, math.inf
+    b = 1.0
+    w0 = math.inf
+    for k in range(1, c + 2):  # Erlang B by recursion, read at c and at c + 1
+        b = a * b / (k + a * b)
+        if b == 0.0:  # underflowed: 0.0 from here on, so a wait read after this step is 0.0
+            return (w0 if k > c else (0.0 if 0 < c and a < c else math.inf)), 0.0
+        if k == c and a < c:
+            w0 = c * b / (c - a * (1.0 - b)) * s / (c - a)
+    c1 = c + 1
+    return w0, c1 * b / (c1 - a * (1.0 - b)) * s / (c1 - a)
 
 
 def _erlang_wq(c: int, a: float, s: float) -> float:
@@ -656,5 +675,7 @@ def _erlang_wq(c: int, a: float, s: float) -> float:
     b = 1.0
     for k in range(1, c + 1):  # Erlang B by recursion
         b = a * b / (k + a * b)
+        if b == 0.0:
+            break  # underflowed: every later step gives 0.0 again (O(a) steps, not O(c), for c >> a)
     pw = c * b / (c - a * (1.0 - b))
     return pw * s / (c - a)
