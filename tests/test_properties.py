@@ -262,10 +262,20 @@ def test_audit_catches_over_allocation(resource):
     Simulator(gen, cl, _OverbookingFifo.make(cl, wl), audit=False).run()
 
 
+def _erlang_wq_naive(c: int, a: float, s: float) -> float:
+    """Erlang C's mean wait as the residency rules first computed it: the whole recursion for each call."""
+    if c <= 0 or a >= c:
+        return float("inf")
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    pw = c * b / (c - a * (1.0 - b))
+    return pw * s / (c - a)
+
+
 def _servers_naive(a: float, c: int, most: int, wait: float) -> int:
-    """The fewest servers from ``c`` up as the residency rules read it: Erlang C computed anew for each count."""
-    from tangram_dask.policy.residency import _erlang_wq
-    while a > 0 and c < most and _erlang_wq(c, a, 1.0) > wait:
+    """The fewest servers from ``c`` up as the residency rules first searched them: Erlang C anew for each count."""
+    while a > 0 and c < most and _erlang_wq_naive(c, a, 1.0) > wait:
         c += 1
     return c
 
@@ -285,7 +295,10 @@ def test_servers_carried_erlang_b_is_the_naive_search(a, c, extra, wait):
 @given(a=st.one_of(st.just(0.0), st.floats(0.0, 3.0), st.floats(0.0, 400.0), st.integers(1, 40).map(float)),
        c=st.integers(-1, 300), s=st.floats(0.01, 100.0))
 def test_erlang_pair_is_two_erlang_waits(a, c, s):
-    """``_erlang_wq_pair`` (one recursion for the waits on ``c`` and ``c + 1`` servers, as ``_plan_ahead`` asks) gives
-    ``_erlang_wq``'s two floats, bit for bit."""
+    """``_erlang_wq_pair`` (one recursion for the waits on ``c`` and ``c + 1`` servers, as ``_plan_ahead`` asks) and
+    ``_erlang_wq`` (read from it) give the first computation's floats, bit for bit (it stops once Erlang B
+    underflows to 0.0, after which every step gave 0.0)."""
     from tangram_dask.policy.residency import _erlang_wq, _erlang_wq_pair
-    assert _erlang_wq_pair(c, a, s) == (_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))
+    w = (_erlang_wq_naive(c, a, s), _erlang_wq_naive(c + 1, a, s))
+    assert _erlang_wq_pair(c, a, s) == w
+    assert (_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s)) == w

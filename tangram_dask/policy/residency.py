@@ -652,8 +652,9 @@ def _servers(a: float, c: int, most: int, wait: float) -> int:
 
 
 def _erlang_wq_pair(c: int, a: float, s: float) -> tuple[float, float]:
-    """``(_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))`` from one Erlang B recursion (the same floats: the
-    recursion to ``c + 1`` passes through ``c``)."""
+    """``(_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))``, the mean waits on ``c`` and ``c + 1`` servers, from
+    one Erlang B recursion (it passes through ``c`` on its way to ``c + 1``). Erlang C on ``c`` servers:
+    ``pw = c B / (c - a (1 - B))``, the wait ``pw s / (c - a)``."""
     if c + 1 <= 0 or a >= c + 1:
         return math.inf, math.inf
     b = 1.0
@@ -669,13 +670,6 @@ def _erlang_wq_pair(c: int, a: float, s: float) -> tuple[float, float]:
 
 
 def _erlang_wq(c: int, a: float, s: float) -> float:
-    """Mean wait in an M/M/c queue (Erlang C) with offered load ``a`` (busy servers) and mean service ``s``."""
-    if c <= 0 or a >= c:
-        return math.inf
-    b = 1.0
-    for k in range(1, c + 1):  # Erlang B by recursion
-        b = a * b / (k + a * b)
-        if b == 0.0:
-            break  # underflowed: every later step gives 0.0 again (O(a) steps, not O(c), for c >> a)
-    pw = c * b / (c - a * (1.0 - b))
-    return pw * s / (c - a)
+    """Mean wait in an M/M/c queue (Erlang C) with offered load ``a`` (busy servers) and mean service ``s``
+    (infinite where ``a >= c``)."""
+    return _erlang_wq_pair(c - 1, a, s)[1]
