@@ -287,6 +287,8 @@ class Residency:
         # the search (a later one could only tie, and ties keep the first)
         floor = (0, 0, 0.0, -kmax)
         for name, st, k in within:
+            if max(st.idle_in_group, default=0) < k:
+                continue  # no group with k idle GPUs (_idle_sites would yield nothing): most nodes, when busy
             share = ms.gpu_memory_gb / k
             for gpus, cands in self._idle_sites(name, st, k):
                 order = self._evict_order(cands, waiting)
