@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from tangram_dask.cluster import ClusterSpec, load_cluster  # noqa: E402
 from tangram_dask.policy import TangramOptions, TangramPolicy, initial_replicas, make_policy  # noqa: E402
-from tangram_dask.policy.split import Groups  # noqa: E402
+from tangram_dask.policy.split import Groups, replica_sizes  # noqa: E402
 from tangram_dask.policy.types import ReplicaSpec  # noqa: E402
 from tangram_dask.sim import Simulator  # noqa: E402
 from tangram_dask.workload import Generated, generate, load_workload  # noqa: E402
@@ -40,11 +40,7 @@ from tangram_dask.workload import Generated, generate, load_workload  # noqa: E4
 def gpu_models(gen: Generated) -> dict[str, int]:
     """The workload's GPU models and the GPUs the contract gives a replica of each (before memory grows it):
     the largest ``units.min`` among the model's kinds, as the static split sizes it."""
-    size: dict[str, int] = {}
-    for k in gen.spec.kinds:
-        if k.resource == "gpu":
-            size[k.model] = max(size.get(k.model, 1), k.units_min)
-    return size
+    return replica_sizes((k.model, k.units_min) for k in gen.spec.kinds if k.resource == "gpu")
 
 
 def place(cluster: ClusterSpec, gen: Generated, counts: dict[str, int]) -> list[ReplicaSpec] | None:

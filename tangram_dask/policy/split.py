@@ -24,11 +24,11 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
     (among those that still fit), each in the smallest group it fits
     (fewest free GPUs, then node and group order), until none fits.
     """
+    gpu_kinds = list(gpu_kinds)
     demand: dict[str, float] = {}
-    size: dict[str, int] = {}
-    for model, weight, median, umin in gpu_kinds:
+    for model, weight, median, _ in gpu_kinds:
         demand[model] = demand.get(model, 0.0) + weight * median
-        size[model] = max(size.get(model, 1), umin)
+    size = replica_sizes((model, umin) for model, _, _, umin in gpu_kinds)
     if not demand or not cluster.gpu_nodes:
         return []
     total = sum(demand.values())
@@ -52,6 +52,15 @@ def static_split(cluster: ClusterSpec, models: dict[str, ModelSpec],
         if not place(m):
             fits.discard(m)
     return groups.placed
+
+
+def replica_sizes(kinds: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """GPUs per replica of each model before memory grows it: the largest ``units_min`` among its kinds
+    (``kinds``: (model, units_min) per GPU action kind)."""
+    size: dict[str, int] = {}
+    for model, umin in kinds:
+        size[model] = max(size.get(model, 1), umin)
+    return size
 
 
 class Groups:
