@@ -262,12 +262,16 @@ GPU_CASES = [
 def test_gpu_pool(ops, want):
     pool, rids = gpu_pool(ops)
     assert gpu_view(pool, rids) == want
+    assert pool.nodes["g"].most_idle == max(want["idle_in_group"])  # what the load site search reads per node
 
 
 def test_gpu_cross_group_flag_and_by_model():
     pool, rids = gpu_pool([("place", "A", (1, 2), 40.0), ("place", "A", (2, 3), 40.0)])
     assert [pool.replicas[r].cross_group for r in rids] == [True, False]  # 1,2 span groups; 2,3 do not
     assert list(pool.by_model["A"]) == rids
+    pool.place("B", "g", (0,), 10.0)
+    pool.evict(rids[0])
+    assert pool.widest == {"A": 2, "B": 1}  # a bound on a model's replica size (_ready_replica), never lowered
 
 
 GPU_ERRORS = [
@@ -345,6 +349,20 @@ def test_gpu_remove_and_initial():
     pool.release(rid_h, 2.0)  # the replica's node left: harmless
     with pytest.raises(ValueError, match="already known"):
         pool.add(NODE)
+
+
+def test_loading_of_counts_background_loads_until_loaded_or_gone():
+    """``loading_of`` (read on every GPU pass) is a count kept by ``begin_load``, ``loaded`` and ``remove``."""
+    pool = GpuPool((NODE, GpuNode("h", 2, 80.0, (2,))))
+    a0, a1, b0 = (pool.place("A", "g", (0,), 40.0), pool.place("A", "h", (0,), 40.0), pool.place("B", "g", (2,), 40.0))
+    for rid in (a0, a1, b0):
+        pool.begin_load(rid, 1.0)
+    assert (pool.loading_of("A"), pool.loading_of("B"), pool.loading_of("C")) == (2, 1, 0)
+    assert pool.loaded(a0, 2.0) and not pool.loaded(a0, 2.0)  # a second ``loaded`` is not a load's end
+    assert pool.loading_of("A") == 1
+    pool.remove("h")  # a1 was loading there
+    assert (pool.loading_of("A"), pool.loading_of("B")) == (0, 1)
+    assert [rid for rid, r in pool.replicas.items() if r.loading] == [b0]
 
 
 def test_a_measured_model_size_resizes_its_replicas_shares():

@@ -302,3 +302,22 @@ def test_erlang_pair_is_two_erlang_waits(a, c, s):
     w = (_erlang_wq_naive(c, a, s), _erlang_wq_naive(c + 1, a, s))
     assert _erlang_wq_pair(c, a, s) == w
     assert (_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s)) == w
+
+
+@settings(max_examples=1000, deadline=None)
+@given(a=st.one_of(st.floats(1e-6, 3.0), st.floats(0.0, 2000.0), st.integers(1, 40).map(float)),
+       c=st.integers(0, 3000), s=st.floats(0.01, 100.0))
+def test_erlang_bound_is_an_upper_bound(a, c, s):
+    """``_erlang_wq_bound`` (O(1), from the Poisson median) never reads below the wait the recursion gives, so
+    ``_plan_ahead`` skips only loads the recursion would refuse."""
+    from tangram_dask.policy.residency import _erlang_wq, _erlang_wq_bound
+    assert _erlang_wq_bound(c, a, s) >= _erlang_wq(c, a, s)
+
+
+def test_erlang_bound_decides_the_common_case():
+    """Where a model's replicas are mostly idle the bound is far below a load's cost (it skips the recursion),
+    and near saturation it gives no bound."""
+    from tangram_dask.policy.residency import _erlang_wq, _erlang_wq_bound
+    assert _erlang_wq_bound(478, 277.0, 1.0) < 1e-20
+    assert 0 < _erlang_wq(478, 277.0, 1.0) <= _erlang_wq_bound(478, 277.0, 1.0)
+    assert _erlang_wq_bound(10, 9.5, 1.0) == float("inf")

@@ -224,7 +224,8 @@ class GpuPlacement:
         """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
         replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
         extra GPUs would do nothing); among those, with ``spare_shared``, the one whose GPUs the other
-        models' replicas need least (``_contention``). O(ready replicas of the model x replicas beside).
+        models' replicas need least (``_contention``). O(ready replicas of the model x replicas beside), or
+        less: the search ends at a replica of the largest key (``GpuPool.widest``) alone on its GPUs.
 
         A GPU runs one action at a time: an action started on a replica that shares its GPUs with a
         busy model's replica holds that replica too. Taking the first ready one, 1-GPU calls of the
@@ -234,6 +235,9 @@ class GpuPlacement:
         gp = self.gpu
         best, best_k, best_c = None, 0, 0.0
         spare = self.opt.spare_shared
+        top = gp.widest.get(model, 0)  # no replica's key is above it
+        if top > spec.units_max:
+            top = spec.units_max
         for rid in gp.ready.get(model, ()):
             r = gp.replicas[rid]
             k = len(r.gpus)
@@ -247,6 +251,8 @@ class GpuPlacement:
             c = self._shared_need(r) if spare else 0.0
             if best is None or key > best_k or c < best_c:
                 best, best_k, best_c = rid, key, c
+                if key >= top and c <= 0.0:
+                    break  # none after it can be better (ties keep the first): O(1) where many are ready
         return best
 
     def _shared_need(self, r) -> float:

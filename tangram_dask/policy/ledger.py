@@ -210,6 +210,7 @@ class GpuNodeState:
     spec: GpuNode
     gpus: list[Gpu]
     idle_in_group: list[int]
+    most_idle: int = 0  # max(idle_in_group), kept by acquire and release: the load site search reads it per node
 
 
 class GpuPool:
@@ -220,6 +221,8 @@ class GpuPool:
         self.replicas: dict[ReplicaId, Replica] = {}
         self.by_model: dict[str, dict[ReplicaId, None]] = {}
         self.ready: dict[str, dict[ReplicaId, None]] = {}  # idle replica on idle GPUs
+        self.loading: dict[str, int] = {}  # per model: its replicas in a background load (loading_of)
+        self.widest: dict[str, int] = {}  # per model: the most GPUs a replica of it has had (a bound, never lowered)
         self.total = 0
         self.idle = 0
         self._next_id = 0
@@ -230,7 +233,7 @@ class GpuPool:
         if spec.name in self.nodes:
             raise ValueError(f"GPU node {spec.name!r} is already known")
         gpus = [Gpu(spec.gpu_memory_gb, spec.gpu_memory_gb, g) for g in spec.group_of()]
-        self.nodes[spec.name] = GpuNodeState(spec, gpus, list(spec.groups))
+        self.nodes[spec.name] = GpuNodeState(spec, gpus, list(spec.groups), max(spec.groups, default=0))
         self.total += spec.gpus
         self.idle += spec.gpus
 
@@ -239,6 +242,8 @@ class GpuPool:
         gone = [rid for rid, r in self.replicas.items() if r.node == name]
         for rid in gone:
             r = self.replicas.pop(rid)
+            if r.loading:
+                self.loading[r.model] -= 1
             self.by_model[r.model].pop(rid, None)
             self.ready[r.model].pop(rid, None)
         self.total -= st.spec.gpus
@@ -264,6 +269,8 @@ class GpuPool:
             st.gpus[i].replicas[rid] = None
         self.by_model.setdefault(model, {})[rid] = None
         self.ready.setdefault(model, {})
+        if len(gpus) > self.widest.get(model, 0):
+            self.widest[model] = len(gpus)
         self._refresh(r)
         return rid
 
@@ -313,6 +320,7 @@ class GpuPool:
             st.idle_in_group[g.group] -= 1
             for other in g.replicas:
                 self.ready[self.replicas[other].model].pop(other, None)
+        st.most_idle = max(st.idle_in_group)
         self.idle -= len(r.gpus)
 
     def release(self, rid: ReplicaId, now: float) -> None:
@@ -330,6 +338,7 @@ class GpuPool:
             g.busy = False
             st.idle_in_group[g.group] += 1
             touched.update(g.replicas)
+        st.most_idle = max(st.idle_in_group)
         self.idle += len(r.gpus)
         for other in touched:
             self._refresh(self.replicas[other])
@@ -337,7 +346,9 @@ class GpuPool:
     def begin_load(self, rid: ReplicaId, now: float) -> None:
         """A background load: the replica and its GPUs are held (not ready) until :meth:`loaded`."""
         self.acquire(rid, now)
-        self.replicas[rid].loading = True
+        r = self.replicas[rid]
+        r.loading = True
+        self.loading[r.model] = self.loading.get(r.model, 0) + 1
 
     def loaded(self, rid: ReplicaId, now: float) -> bool:
         """The background load of ``rid`` is over: it is ready. False if it was not loading (or is gone)."""
@@ -345,13 +356,13 @@ class GpuPool:
         if r is None or not r.loading:
             return False
         r.loading = False
+        self.loading[r.model] -= 1
         self.release(rid, now)
         return True
 
     def loading_of(self, model: str) -> int:
         """Replicas of ``model`` in a background load."""
-        reps = self.replicas
-        return sum(1 for rid in self.by_model.get(model, ()) if reps[rid].loading)
+        return self.loading.get(model, 0)
 
     def _refresh(self, r: Replica) -> None:
         st = self.nodes[r.node]
