@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pytest
 from conftest import kind, make_cluster, make_workload, record, simulate
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tangram_dask import FileFormatError
@@ -321,3 +321,50 @@ def test_erlang_bound_decides_the_common_case():
     assert _erlang_wq_bound(478, 277.0, 1.0) < 1e-20
     assert 0 < _erlang_wq(478, 277.0, 1.0) <= _erlang_wq_bound(478, 277.0, 1.0)
     assert _erlang_wq_bound(10, 9.5, 1.0) == float("inf")
+
+
+def _ready_replica_naive(pol, model, spec):
+    """``_ready_replica`` as first written: every ready replica of the model looked at (no early end)."""
+    gp = pol.gpu
+    best, best_k, best_c = None, 0, 0.0
+    for rid in gp.ready.get(model, ()):
+        r = gp.replicas[rid]
+        k = len(r.gpus)
+        if k < spec.units_min:
+            continue
+        key = k if k <= spec.units_max else -k
+        if best is not None and (key < best_k or (key == best_k and best_c <= 0.0)):
+            continue
+        c = pol._shared_need(r) if pol.opt.spare_shared else 0.0
+        if best is None or key > best_k or c < best_c:
+            best, best_k, best_c = rid, key, c
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(replicas=st.lists(st.tuples(st.sampled_from(["prm", "judge"]), st.integers(0, 7), st.integers(1, 3)),
+                         min_size=1, max_size=14),
+       busy=st.sets(st.integers(0, 13)), lo=st.integers(1, 3), extra=st.integers(0, 2), spare=st.booleans())
+@example(replicas=[("prm", 0, 1), ("judge", 0, 1), ("prm", 1, 1)], busy=set(), lo=1, extra=0, spare=True)  # GPU 1
+def test_ready_replica_ends_early_with_the_same_choice(replicas, busy, lo, extra, spare):
+    """``_ready_replica`` stops at a replica of the largest size (``GpuPool.widest``) alone on its GPUs; it picks
+    what looking at every ready replica picks (prm replicas of 1-3 GPUs, beside deployed judge replicas not
+    called yet, which count as busy; some replicas serving)."""
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy import TangramOptions, TangramPolicy
+    from tangram_dask.policy.types import ReplicaSpec
+    from tangram_dask.spec import ActionSpec
+
+    specs = [ReplicaSpec(m, "gpu-0", tuple(range(i, min(i + k, 8)))) for m, i, k in replicas]
+    cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 8, 80.0, (4, 4)),), 2.0, 0)
+    pol = TangramPolicy(cluster, {"prm": ModelSpec("prm", 6.0, 10.0), "judge": ModelSpec("judge", 6.0, 10.0)},
+                        specs, options=TangramOptions(spare_shared=float(spare)))
+    rids = list(pol.gpu.replicas)
+    for i in sorted(busy):
+        if i < len(rids):
+            r = pol.gpu.replicas[rids[i]]
+            st_ = pol.gpu.nodes[r.node]
+            if not r.busy and not any(st_.gpus[g].busy for g in r.gpus):
+                pol.gpu.acquire(rids[i], 0.0)
+    spec = ActionSpec("prm_call", "gpu", lo, lo + extra, 0.8, 1.0, "t0", "prm")
+    assert pol._ready_replica("prm", spec) == _ready_replica_naive(pol, "prm", spec)
