@@ -250,9 +250,11 @@ class Residency:
             # queues before they grow (and, past admission_model busy, admits more trajectories)
             return True
         load_s = self.models[model].load_s
-        queued = pool.qmin * self._mean_est(pool)
+        bar = self.opt.load_patience * reps * load_s
         coming = pool.demand.rate(now) * load_s if self.opt.residency else 0.0
-        return queued + coming > self.opt.load_patience * reps * load_s
+        if coming > bar:
+            return True  # (the queued work, never negative, is not read: it could only add)
+        return pool.qmin * self._mean_est(pool) + coming > bar
 
     def _needed(self, model: str, now: float) -> float:
         """Replicas the model's recent demand keeps busy (expected work per second; waiters count)."""
