@@ -650,17 +650,22 @@ def _servers(a: float, c: int, most: int, wait: float) -> int:
         if b == 0.0:
             break  # underflowed: every later step gives 0.0 again
     while c < most:
-        if a < c and c * b / (c - a * (1.0 - b)) / (c - a) <= wait:
+        if a < c and _wait_of(c, a, b, 1.0) <= wait:
             return c
         c += 1
         b = a * b / (c + a * b)
     return c
 
 
+def _wait_of(c: int, a: float, b: float, s: float) -> float:
+    """The mean wait on ``c`` servers (``a < c``) from Erlang B ``b``: Erlang C ``pw = c B / (c - a (1 - B))``, the
+    wait ``pw s / (c - a)``."""
+    return c * b / (c - a * (1.0 - b)) * s / (c - a)
+
+
 def _erlang_wq_pair(c: int, a: float, s: float) -> tuple[float, float]:
     """``(_erlang_wq(c, a, s), _erlang_wq(c + 1, a, s))``, the mean waits on ``c`` and ``c + 1`` servers, from
-    one Erlang B recursion (it passes through ``c`` on its way to ``c + 1``). Erlang C on ``c`` servers:
-    ``pw = c B / (c - a (1 - B))``, the wait ``pw s / (c - a)``."""
+    one Erlang B recursion (it passes through ``c`` on its way to ``c + 1``), each read by :func:`_wait_of`."""
     if c + 1 <= 0 or a >= c + 1:
         return math.inf, math.inf
     b = 1.0
@@ -670,9 +675,8 @@ def _erlang_wq_pair(c: int, a: float, s: float) -> tuple[float, float]:
         if b == 0.0:  # underflowed: 0.0 from here on, so a wait read after this step is 0.0
             return (w0 if k > c else (0.0 if 0 < c and a < c else math.inf)), 0.0
         if k == c and a < c:
-            w0 = c * b / (c - a * (1.0 - b)) * s / (c - a)
-    c1 = c + 1
-    return w0, c1 * b / (c1 - a * (1.0 - b)) * s / (c1 - a)
+            w0 = _wait_of(c, a, b, s)
+    return w0, _wait_of(c + 1, a, b, s)
 
 
 def _erlang_wq_bound(c: int, a: float, s: float) -> float:
@@ -686,8 +690,7 @@ def _erlang_wq_bound(c: int, a: float, s: float) -> float:
     if a <= 0 or c < a + 1:
         return math.inf
     b = 2.0 * (1.0 + 1e-9) * math.exp(c * math.log(a) - a - math.lgamma(c + 1.0))
-    b = 1.0 if b > 1.0 else b
-    return c * b / (c - a * (1.0 - b)) * s / (c - a)
+    return _wait_of(c, a, 1.0 if b > 1.0 else b, s)
 
 
 def _erlang_wq(c: int, a: float, s: float) -> float:
