@@ -223,7 +223,10 @@ def test_live_cluster_scores_on_the_granted_cuda_device(facts, cuda):
         assert info["env"]["CUDA_VISIBLE_DEVICES"] in decl.device_uuids
         assert same > other
         m = snap["measured"]["minilm"]
-        assert m["measured_by"] == "cuda" and 0.08 < m["memory_gb"] < 0.2
+        # What CUDA measured is the replica's own parameter and buffer bytes (fp32 MiniLM: 90.86 MB; a copy whose
+        # weights were saved in fp16 loads as fp16 under transformers 5, 45.99 MB), allocator rounding aside.
+        assert m["measured_by"] == "cuda"
+        assert info["param_bytes"] <= m["memory_gb"] * 1e9 <= 1.10 * info["param_bytes"] + 4 * 2**20
         assert plugin.policy.models["minilm"].gpu_memory_gb == pytest.approx(m["memory_gb"])
         # the process's first load (it imports sentence-transformers): planned at the declared 2 s or less
         assert info["first"] is True
