@@ -9,7 +9,9 @@ the floor is what its queues, loads and sizes cost.
 
     python benchmarks/act_bound.py [WORKLOAD CLUSTER]     # per kind: ideal, floor, tangram, static, fifo
     python benchmarks/act_bound.py --family gpu,gpux [--k K] [-j 2]
-        # per family, the named variants (--k 0) or K draws of each on other seeds (benchmarks/reseed.py's)
+        # per family, the named variants (--k 0) or K draws of each on other seeds (benchmarks/reseed.py's),
+        # then where tangram's ACT over the floor is: per kind, its share of (ACT - floor) / ideal ACT,
+        # over all draws and over those above 1.5x ideal
 """
 
 from __future__ import annotations
@@ -54,13 +56,40 @@ def one_file(workload: str, cluster: str) -> None:
               + "".join(f"{x:>{w}.2f}" for x, w in zip(by, (9, 8, 8))))
 
 
-def _draw(d: tuple[str, dict, dict]) -> tuple[str, str, float, float]:
+def _draw(d: tuple[str, dict, dict]) -> tuple[str, str, float, float, dict[str, float]]:
+    """One draw: floor / ideal, tangram's ACT / ideal, and per kind its part of (ACT - floor) / ideal ACT
+    (the kinds' parts add up to tangram's ACT over the floor, in units of the ideal mean)."""
     fam, wd, cd = d
     gen = generate(parse_workload(wd, wd["name"]))
     cl = parse_cluster(cd, cd["name"])
     floor, ideal = floors(gen, cl)
     t = simulate(gen, cl, "tangram")
-    return fam, wd["name"], floor.mean() / ideal.mean(), t["act_mean_s"] / t["ideal_act_mean_s"]
+    n, ideal_mean = len(ideal), ideal.mean()
+    excess = {}
+    for i, k in enumerate(gen.spec.kinds):
+        m = gen.kind == i
+        if m.any():
+            excess[k.kind] = float(m.sum() * (t["by_kind"][k.kind]["act_mean_s"] - floor[m].mean()) / n / ideal_mean)
+    return fam, wd["name"], floor.mean() / ideal_mean, t["act_mean_s"] / t["ideal_act_mean_s"], excess
+
+
+def _excess_table(rows: list[tuple]) -> None:
+    """Per kind, the mean of its part of (ACT - floor) / ideal: over all draws, and over those above 1.5x ideal."""
+    over = [x for x in rows if x[3] > 1.5]
+    kinds: dict[str, None] = {}
+    for x in rows:
+        kinds.update(dict.fromkeys(x[4]))
+
+    def mean(sel: list[tuple], kind: str | None) -> float:
+        if not sel:
+            return float("nan")
+        return float(np.mean([sum(x[4].values()) if kind is None else x[4].get(kind, 0.0) for x in sel]))
+
+    print(f"(ACT - floor) / ideal ACT, per kind: mean over all {len(rows)} draws, and over the {len(over)} "
+          f"above 1.5x ideal")
+    print(f"    {'all kinds':<18}{mean(rows, None):>8.3f}{mean(over, None):>8.3f}")
+    for kind in sorted(kinds, key=lambda kd: -mean(over or rows, kd)):
+        print(f"    {kind:<18}{mean(rows, kind):>8.3f}{mean(over, kind):>8.3f}")
 
 
 def families(names: list[str], k: int, jobs: int) -> None:
@@ -81,6 +110,7 @@ def families(names: list[str], k: int, jobs: int) -> None:
         if not k:
             for x in r:
                 print(f"    {x[1]:<24} floor {x[2]:.3f}  tangram {x[3]:.3f}")
+    _excess_table(rows)
 
 
 def main() -> None:
