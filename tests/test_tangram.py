@@ -424,13 +424,14 @@ def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     those in flight would keep over 20% busy gets one more as soon as one of its calls waits. On the
     GPU-bound file the process reward model (a tool on most turns) gets its third replica at t = 23 s;
     at ``admission_model``'s 50% (``plan_busy=0``, before session 20) it came at t = 153 s, from
-    ``ahead_tools``. The earlier replica shortens its calls' waits and the step. Audited."""
+    ``ahead_tools``. The earlier replica shortens its calls' waits and the step. Audited. Both runs load one
+    replica per call waiting (``plan_at_once=0``, as in session 20), so that the share alone is tested."""
     from tangram_dask.policy.types import Load
 
     wl = load_workload("resources/variants/gpu-bound.yaml")
     gen = generate(wl)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    runs = {b: simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=b)) for b in (0.2, 0.0)}
+    runs = {b: simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=b, plan_at_once=0)) for b in (0.2, 0.0)}
 
     def prm_loads(run):
         return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
@@ -442,6 +443,33 @@ def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     assert runs[0.2].act[prm].mean() < runs[0.0].act[prm].mean() - 0.05
     assert runs[0.2].metrics["act_mean_s"] < runs[0.0].metrics["act_mean_s"]
     assert runs[0.2].metrics["step_s"] < runs[0.0].metrics["step_s"]
+
+
+def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
+    """``plan_at_once`` (the default): when the warm-up's plan (``plan_busy``, previous test) says a tool
+    model's replicas are too few for those in flight, it loads all it lacks in one pass, not one per call
+    of it waiting. On the GPU-bound file at 256 trajectories (``gpu-load-x2`` in benchmarks/variants.py)
+    two process-reward replicas begin loading together at t = 22.6 s (one at a time, the second was never
+    loaded), and its calls, the mean ACT and the step all get shorter. Audited."""
+    from dataclasses import replace
+
+    from tangram_dask.policy.types import Load
+
+    wl = replace(load_workload("resources/variants/gpu-bound.yaml"), seed=37, trajectories=256)
+    gen = generate(wl)
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(plan_at_once=x)) for x in (1, 0)}
+
+    def prm_loads(run):
+        return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
+
+    on, off = prm_loads(runs[1]), prm_loads(runs[0])
+    assert on[:3] == off[:3] and len(on) == len(off) + 2
+    assert on[3] == on[4] < 30.0  # two in one pass, in the warm-up
+    prm = gen.kind == [k.kind for k in wl.kinds].index("prm_score")
+    assert runs[1].act[prm].mean() < runs[0].act[prm].mean() - 0.2
+    assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
+    assert runs[1].metrics["step_s"] < runs[0].metrics["step_s"]
 
 
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):

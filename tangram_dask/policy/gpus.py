@@ -142,7 +142,8 @@ class GpuPlacement:
                 return False
             bg = self.opt.background_load
             loading = gp.loading_of(model) if bg else 0  # replicas of it in a background load
-            if bg and loading >= len(pool.waiting):
+            if (bg and loading >= len(pool.waiting)
+                    and not (self.opt.plan_at_once and model in self._tool_models and self._planned(model))):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return False  # a load is under way for every action that waits
             self._waited_site = None

@@ -242,10 +242,7 @@ class Residency:
         reps = len(self.gpu.by_model.get(model, ()))
         if reps == 0:
             return True
-        if (self.opt.plan_loads and self.opt.admission_model and self.ended_n < self.opt.admission_warmup
-                and self.admission_queue and self.turn_time.n >= 4 and self._gpu_lean()
-                and self._model_limit(model, loading=True, busy=self.opt.plan_busy)
-                < min(self.cpu.slots, self._lim_other, self.opt.plan_loads * max(self.active, 1))):
+        if self._planned(model):
             # those in flight keep this model's replicas over plan_busy busy: a replica more shortens its
             # queues before they grow (and, past admission_model busy, admits more trajectories)
             return True
@@ -255,6 +252,15 @@ class Residency:
         if coming > bar:
             return True  # (the queued work, never negative, is not read: it could only add)
         return pool.qmin * self._mean_est(pool) + coming > bar
+
+    def _planned(self, model: str) -> bool:
+        """``plan_loads``: in the warm-up on a cluster that leans to GPUs, with trajectories waiting for
+        admission, those in flight would keep the model's replicas (loading ones counted) over ``plan_busy``
+        busy (``_model_limit``, from the actions seen so far)."""
+        return bool(self.opt.plan_loads and self.opt.admission_model and self.ended_n < self.opt.admission_warmup
+                    and self.admission_queue and self.turn_time.n >= 4 and self._gpu_lean()
+                    and self._model_limit(model, loading=True, busy=self.opt.plan_busy)
+                    < min(self.cpu.slots, self._lim_other, self.opt.plan_loads * max(self.active, 1)))
 
     def _needed(self, model: str, now: float) -> float:
         """Replicas the model's recent demand keeps busy (expected work per second; waiters count)."""

@@ -96,6 +96,8 @@ class TangramOptions:
     plan_loads: float = 1.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # plan_busy busy loads one as soon as one of its actions waits
     plan_busy: float = 0.2      # (with plan_loads) that share busy (0: admission_model, 0.5, as before session 20)
+    plan_at_once: float = 1.0   # 1 (with plan_loads): a tool model loads every replica plan_loads calls for at once,
+                                # not one per action of it waiting
     gpu_lean: float = 4.0       # >0: the four above and admission_gpu_lean only on a cluster that leans to GPUs,
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
