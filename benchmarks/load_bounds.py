@@ -10,9 +10,10 @@ default options in WORKLOAD.md's world, then in worlds it does not describe, wit
 - ``fast``: every background load takes 1 s; the policy is not told;
 - ``told``: every model's ``load_s`` is 1 s in the workload itself, so the policy plans with it.
 
-Bounds, not targets: what the best site or timing for loads could take back is at most what ``no-block``
-gives, and what the load time itself costs is about what ``fast`` gives. Prints, per family, the mean
-ACT/ideal and the draws over 1.5x ideal (the GPU-bound target) in each world.
+Rough bounds, not targets, read over many draws: what a better site or timing for loads could take back is
+about what ``no-block`` gives, and what the load time itself costs about what ``fast`` gives (one draw can go
+either way: the policy's later decisions change with the world). Prints, per family, the mean ACT/ideal and
+the draws over 1.5x ideal (the GPU-bound target) in each world.
 
     python benchmarks/load_bounds.py [--family gpu,gpux,small] [--k 12] [--open 60] [-j 2]
 """
