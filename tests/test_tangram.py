@@ -450,7 +450,8 @@ def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
     model's replicas are too few for those in flight, it loads all it lacks in one pass, not one per call
     of it waiting. On the GPU-bound file at 256 trajectories (``gpu-load-x2`` in benchmarks/variants.py)
     two process-reward replicas begin loading together at t = 22.6 s (one at a time, the second was never
-    loaded), and its calls, the mean ACT and the step all get shorter. Audited."""
+    loaded), and its calls, the mean ACT and the step all get shorter. Audited. Both runs leave
+    ``at_once_safe`` (next test) off: one of those two sites leaves a deployed model no free replica."""
     from dataclasses import replace
 
     from tangram_dask.policy.types import Load
@@ -458,7 +459,7 @@ def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
     wl = replace(load_workload("resources/variants/gpu-bound.yaml"), seed=37, trajectories=256)
     gen = generate(wl)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(plan_at_once=x)) for x in (1, 0)}
+    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(plan_at_once=x, at_once_safe=0)) for x in (1, 0)}
 
     def prm_loads(run):
         return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
@@ -470,6 +471,37 @@ def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
     assert runs[1].act[prm].mean() < runs[0].act[prm].mean() - 0.2
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
     assert runs[1].metrics["step_s"] < runs[0].metrics["step_s"]
+
+
+def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
+    """``at_once_safe`` (the default): a load ``plan_at_once`` adds beyond one per waiting call is a forecast's,
+    so it is not made where it would leave a deployed model (whose demand the warm-up cannot measure yet) with
+    no replica free of loads. On ``gpux-103`` (benchmarks/variants.py, 8 GPUs) the process reward model's
+    third replica went at t = 14.2 s beside the 8B judge's one replica, whose first calls then waited for the
+    30 s load. Without that load the 8B judge's calls, and the mean ACT, are shorter. Audited."""
+    import benchmarks.variants as V
+    from tangram_dask.cluster import parse_cluster
+    from tangram_dask.policy import initial_replicas
+    from tangram_dask.policy.types import Load
+    from tangram_dask.workload import parse_workload
+
+    wd, cd = next((w, c) for w, c in V.family("gpux", False) if w["name"] == "gpux-103")
+    wl = parse_workload(wd, wd["name"])
+    gen = generate(wl)
+    cl = parse_cluster(cd, cd["name"])
+    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(at_once_safe=x)) for x in (1, 0)}
+    deployed = {(r.node, g): r.model for r in initial_replicas(cl, wl) for g in r.gpus}
+
+    def warm_up_prm_sites(run):
+        return [(d.node, d.gpus) for t, d in run.decisions if isinstance(d, Load) and d.model == "prm" and t < 30.0]
+
+    on, off = warm_up_prm_sites(runs[1]), warm_up_prm_sites(runs[0])
+    beside_8b = [(n, gs) for n, gs in off if any(deployed.get((n, g)) == "rm-8b" for g in gs)]
+    assert beside_8b and len(on) == len(off) - 1  # the one beside the 8B judge's only replica is not made
+    assert not [(n, gs) for n, gs in on if any(deployed.get((n, g)) == "rm-8b" for g in gs)]
+    judge = gen.kind == [k.kind for k in wl.kinds].index("judge_small")
+    assert runs[1].act[judge].mean() < runs[0].act[judge].mean() - 1.0
+    assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
 
 
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):

@@ -142,12 +142,16 @@ class GpuPlacement:
                 return False
             bg = self.opt.background_load
             loading = gp.loading_of(model) if bg else 0  # replicas of it in a background load
-            if (bg and loading >= len(pool.waiting)
-                    and not (self.opt.plan_at_once and model in self._tool_models and self._planned(model))):
+            extra = bg and loading >= len(pool.waiting)  # a load is under way for every action that waits
+            if extra and not (self.opt.plan_at_once and model in self._tool_models and self._planned(model)):
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
-                return False  # a load is under way for every action that waits
+                return False
             self._waited_site = None
             site = self._load_site(model, spec)
+            if extra and site is not None and self.opt.at_once_safe and self._stalls_deployed(model, site):
+                # plan_at_once's extra load would leave a deployed model with no replica free: it waits
+                pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
+                return False
             if site is None and self._waited_site is not None:
                 node, gpus, t = self._waited_site
                 claims = self._claims

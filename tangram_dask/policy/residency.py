@@ -506,6 +506,24 @@ class Residency:
                 out += blocked
         return out
 
+    def _stalls_deployed(self, model: str, site: tuple) -> bool:
+        """``at_once_safe``: a load on ``site`` would leave some other deployed model whose demand is not
+        measured yet (``_unseen_deployed``) with no replica free of loads (every one beside it, evicted by
+        it, or held by another load). ``_stalls`` counts only models with demand, so in the warm-up a
+        reward model whose calls have not come yet does not count there; that is right for a load some
+        waiting call needs (on 8 GPUs every site is beside some deployed replica), but ``plan_at_once``'s
+        loads beyond those are a forecast's, and can wait for the next call instead."""
+        gp = self.gpu
+        node, gpus, evict = site
+        st = gp.nodes[node]
+        cands = {o for i in gpus for o in st.gpus[i].replicas}
+        cands.update(evict)
+        for m in {gp.replicas[o].model for o in cands}:
+            if m != model and self._unseen_deployed(m) and all(
+                    o in cands or self._held_by_load(o) for o in gp.by_model[m]):
+                return True
+        return False
+
     def _held_by_load(self, rid: ReplicaId) -> bool:
         """The replica cannot serve until a load ends: it is loading, or shares a GPU with one that is."""
         gp = self.gpu

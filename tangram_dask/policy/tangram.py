@@ -98,7 +98,9 @@ class TangramOptions:
     plan_busy: float = 0.2      # (with plan_loads) that share busy (0: admission_model, 0.5, as before session 20)
     plan_at_once: float = 1.0   # 1 (with plan_loads): a tool model loads every replica plan_loads calls for at once,
                                 # not one per action of it waiting
-    gpu_lean: float = 4.0       # >0: the five above and admission_gpu_lean only on a cluster that leans to GPUs,
+    at_once_safe: float = 1.0   # 1 (with plan_at_once): its loads beyond one per waiting action never leave a deployed
+                                # model whose demand the warm-up cannot measure yet with no replica free of loads
+    gpu_lean: float = 4.0       # >0: the six above and admission_gpu_lean only on a cluster that leans to GPUs,
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
