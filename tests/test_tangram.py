@@ -419,6 +419,13 @@ def test_a_tool_model_gets_a_replica_ahead_for_the_rest_of_the_step():
     assert on.metrics["act_mean_s"] < off.metrics["act_mean_s"] and on.metrics["step_s"] < off.metrics["step_s"]
 
 
+def _prm_loads(run) -> list[float]:
+    """When the process reward model's background loads began."""
+    from tangram_dask.policy.types import Load
+
+    return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
+
+
 def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     """``plan_busy`` (0.2, the default): in the warm-up on a GPU-leaning cluster, a model whose replicas
     those in flight would keep over 20% busy gets one more as soon as one of its calls waits. On the
@@ -426,17 +433,13 @@ def test_the_warm_up_plans_tool_model_replicas_at_a_low_busy_share():
     at ``admission_model``'s 50% (``plan_busy=0``, before session 20) it came at t = 153 s, from
     ``ahead_tools``. The earlier replica shortens its calls' waits and the step. Audited. Both runs load one
     replica per call waiting (``plan_at_once=0``, as in session 20), so that the share alone is tested."""
-    from tangram_dask.policy.types import Load
 
     wl = load_workload("resources/variants/gpu-bound.yaml")
     gen = generate(wl)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
     runs = {b: simulate(gen, cl, "tangram", options=TangramOptions(plan_busy=b, plan_at_once=0)) for b in (0.2, 0.0)}
 
-    def prm_loads(run):
-        return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
-
-    new, old = prm_loads(runs[0.2]), prm_loads(runs[0.0])
+    new, old = _prm_loads(runs[0.2]), _prm_loads(runs[0.0])
     assert len(new) == len(old) == 3 and new[:2] == old[:2]
     assert new[2] < 30.0 < 150.0 < old[2]
     prm = gen.kind == [k.kind for k in wl.kinds].index("prm_score")
@@ -454,17 +457,13 @@ def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
     ``at_once_safe`` (next test) off: one of those two sites leaves a deployed model no free replica."""
     from dataclasses import replace
 
-    from tangram_dask.policy.types import Load
 
     wl = replace(load_workload("resources/variants/gpu-bound.yaml"), seed=37, trajectories=256)
     gen = generate(wl)
     cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
     runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(plan_at_once=x, at_once_safe=0)) for x in (1, 0)}
 
-    def prm_loads(run):
-        return [t for t, d in run.decisions if isinstance(d, Load) and d.model == "prm"]
-
-    on, off = prm_loads(runs[1]), prm_loads(runs[0])
+    on, off = _prm_loads(runs[1]), _prm_loads(runs[0])
     assert on[:3] == off[:3] and len(on) == len(off) + 2
     assert on[3] == on[4] < 30.0  # two in one pass, in the warm-up
     prm = gen.kind == [k.kind for k in wl.kinds].index("prm_score")
