@@ -9,7 +9,7 @@ the same draws. Prints, per family and set: draws with ACT and step both under s
 loads at most fifo's, the mean and max of ACT/static and step/static, ACT/ideal's mean and max and
 how many draws are over 1.5x ideal (the GPU-bound target).
 
-    python benchmarks/reseed.py [--family all] [--k 3] [-j 2] [--set k=v,k=v ...] [--losers]
+    python benchmarks/reseed.py [--family all] [--k 3] [-j 2] [--set k=v,k=v ...] [--steps N] [--losers]
 
 ``--set ""`` is the defaults; several ``--set`` compare option sets on the same draws, and each set
 after the first is also paired with it draw by draw: the mean change of ACT/ideal and of step/static,
@@ -35,8 +35,9 @@ from benchmarks.sweep import _opts, runs  # noqa: E402
 FAMILIES = V.FAMILIES
 
 
-def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
-    """``(family, workload, cluster)`` for each variant of ``families`` on ``k`` seeds other than its own."""
+def draws(families: list[str], k: int, steps: int = 0) -> list[tuple[str, dict, dict]]:
+    """``(family, workload, cluster)`` for each variant of ``families`` on ``k`` seeds other than its own; with
+    ``steps``, each runs at least that many RL steps (``train_time_s`` 30 between them where it has none)."""
     out = []
     for fam in families:
         for wd, cd in V.family(fam, False):
@@ -44,6 +45,9 @@ def draws(families: list[str], k: int) -> list[tuple[str, dict, dict]]:
                 w = copy.deepcopy(wd)
                 w["seed"] = 1000 + 17 * i + int(wd["seed"])
                 w["name"] = f"{wd['name']}@{w['seed']}"
+                if steps > w.get("steps", 1):
+                    w["steps"] = steps
+                    w["train_time_s"] = w.get("train_time_s") or 30.0
                 out.append((fam, w, cd))
     return out
 
@@ -90,12 +94,14 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="seeds per variant")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--set", action="append", default=None, help='options "k=v,k=v" ("" = the defaults)')
+    ap.add_argument("--steps", type=int, default=0,
+                    help="run each draw as at least this many RL steps (what a training run repeats)")
     ap.add_argument("--losers", action="store_true", help="list the draws some set loses on")
     a = ap.parse_args()
     fams = list(FAMILIES) if a.family == "all" else a.family.split(",")
     texts = a.set if a.set is not None else [""]
     sets = [_opts(x) for x in texts]
-    ds = draws(fams, a.k)
+    ds = draws(fams, a.k, a.steps)
     with ProcessPoolExecutor(a.jobs) as ex:
         res = list(ex.map(measure, ds, [sets] * len(ds)))
     print(f"{'family':7}{'set':28}{'both':>9}{'loads':>9}{'act/stat':>16}{'step/stat':>16}{'act/ideal':>16}{'>1.5':>6}"

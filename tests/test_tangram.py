@@ -503,6 +503,33 @@ def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
 
 
+def test_after_a_whole_step_the_gpu_bound_gate_keeps_the_first_steps_target():
+    """``steps_gpu_lean`` (0.55, the default): once a whole step ended (nothing in flight or waiting), the
+    gate's GPU figure holds every trajectory of it, not first the short ones that read it high, so the GPU
+    target on a GPU-bound cluster drops from 0.7 to 0.7 x 0.79. On the GPU-bound file run as three steps,
+    the first step is decided exactly as before; the later ones hold fewer trajectories in flight, and their
+    actions finish sooner, the step still well under static's. Audited."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    wl = replace(load_workload("resources/variants/gpu-bound.yaml"), steps=3, train_time_s=30.0)
+    gen = generate(wl)
+    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
+    on, off = (simulate(gen, cl, "tangram", options=TangramOptions(steps_gpu_lean=x)) for x in (0.55, 0.0))
+    static = simulate(gen, cl, "static")
+    assert on.policy.lulls == off.policy.lulls == 3  # one at each step's end
+
+    t1 = off.result.step_end[0]
+    assert [d for d in on.decisions if d[0] <= t1] == [d for d in off.decisions if d[0] <= t1]
+    step_of = np.repeat(np.arange(gen.n_trajectories), np.diff(gen.first)) // wl.trajectories
+    later = step_of > 0
+    assert on.act[later].mean() < off.act[later].mean() - 0.1
+    for s in (1, 2):
+        assert on.act[step_of == s].mean() < off.act[step_of == s].mean()
+        assert on.result.step_end[s] - on.result.step_start[s] < static.result.step_end[s] - static.result.step_start[s]
+
+
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
     from tangram_dask.policy.types import ReplicaSpec

@@ -249,6 +249,16 @@ def test_reseed_draws_each_variant_again_on_other_seeds_and_measures_every_optio
     assert m["floor_mean"] >= 1.0
     assert m["n"] == 3 and 0 <= m["both"] <= 3 and m["act_max"] >= m["act_mean"]
 
+    # --steps N: the same draws, each at least N RL steps, with 30 s of training between them where the
+    # variant gives none; a variant of more steps keeps its own
+    many = draws(["live", "tail"], 1, steps=3)
+    assert [w["seed"] for _, w, _ in many] == [w["seed"] for _, w, _ in draws(["live", "tail"], 1)]
+    live = [w for f, w, _ in many if f == "live"]
+    assert all(w["steps"] == 3 and w["train_time_s"] == 30.0 for w in live)
+    judge = next(w for _, w, _ in many if w["name"].startswith("tail-judge@"))  # 3 steps, 30 s of its own
+    assert (judge["steps"], judge["train_time_s"]) == (3, 30)
+    assert "steps" not in draws(["live"], 1)[0][1]  # without --steps, as given
+
 
 def test_reseed_pairs_each_set_with_the_first_per_draw():
     """benchmarks/reseed.py's paired figures: per-draw changes of ACT/ideal and step/static against the

@@ -311,6 +311,11 @@ class AdmissionGate:
             # smaller opening took (gpux-107: 8 GPUs). Where the GPUs serve rewards only, it would add
             # queueing for nothing (the CPU-bound half cluster of tests/test_variants.py: ACT +5%).
             a_gpu = opt.admission_gpu_lean
+            if self.lulls and opt.steps_gpu_lean and opt.steps_gpu_lean < a_gpu:
+                # past a whole step, the figure below holds every trajectory of it, not first the short ones
+                # (which ask more of the GPUs per cycle: their reward is a larger share): the first step's
+                # gate read it 1 / 0.79 high on the gpu and gpux families, so the same gate is 0.7 x 0.79
+                a_gpu = opt.steps_gpu_lean
         slots = self.cpu.slots
         # written out for three resources (CPU slots 0, GPUs 1, API tokens 2), no lists or loops:
         # recomputed after every submission while trajectories wait (a million times in the scale run)

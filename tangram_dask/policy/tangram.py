@@ -104,6 +104,9 @@ class TangramOptions:
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
+    steps_gpu_lean: float = 0.55  # >0: admission_gpu_lean at most this once a whole step ended (a lull: nothing in
+                                  # flight or waiting, admission_warmup trajectories ended): 0.7 x 0.79, the bias
+                                  # of the first step's figure (its short trajectories end first), now gone
     open_hold: float = 16.0     # >0: once a GPU action was seen, the per-model limit stays under admission_open
                                 # until this many actions were seen (4 say little: one short prm hint read 41)
     open_blind: float = 0.0     # >0 (opt-in, with open_hold): while none of the actions seen was a GPU action the
@@ -225,6 +228,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
+        self.lulls = 0  # times nothing was in flight or waiting once admission_warmup trajectories had ended
         self.turn_time = Welford()  # expected action time at units.max
         self.last_end: dict[str, float] = {}
         self.release_rate = Rate(self.opt.horizon_s)  # CPU slots freed per second
@@ -310,6 +314,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.ended_n += 1
             for i, x in enumerate(acc):
                 self.ended_work[i] += x
+            if not self.admitted and not self.admission_queue and self.ended_n >= self.opt.admission_warmup:
+                self.lulls += 1  # a whole step ended (steps_gpu_lean)
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
