@@ -530,6 +530,38 @@ def test_after_a_whole_step_the_gpu_bound_gate_keeps_the_first_steps_target():
         assert on.result.step_end[s] - on.result.step_start[s] < static.result.step_end[s] - static.result.step_start[s]
 
 
+def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
+    """``steps_knee`` (0.7, the default): on a cluster that does not lean to GPUs the first step's middle is held
+    by the gate's GPU term, read high from the short trajectories that end first; from the second step on that
+    term reads them all and the knee alone binds, so it is lowered from 0.8 to 0.7 there. On the standard file
+    run as three steps the first step is decided as before; the later ones run fewer trajectories at once and
+    their actions finish sooner, each step still shorter than static's and fifo's. Audited."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    wl = replace(load_workload("resources/bench/standard.yaml"), steps=3, train_time_s=30.0)
+    gen = generate(wl)
+    cl = load_cluster("resources/bench/cluster-standard.yaml")
+    on, off = (simulate(gen, cl, "tangram", options=TangramOptions(steps_knee=x)) for x in (0.7, 0.0))
+    others = [simulate(gen, cl, p) for p in ("static", "fifo")]
+    assert on.policy.lulls == 3
+
+    t1 = off.result.step_end[0]
+    assert [d for d in on.decisions if d[0] <= t1] == [d for d in off.decisions if d[0] <= t1]
+    step_of = np.repeat(np.arange(gen.n_trajectories), np.diff(gen.first)) // wl.trajectories
+
+    def admitted_early(run, s):  # trajectories admitted in the step's first 60 s
+        t0 = run.result.step_start[s]
+        return sum(1 for t, _ in run.admits() if t0 <= t < t0 + 60.0)
+
+    for s in (1, 2):
+        assert admitted_early(on, s) < admitted_early(off, s)
+        assert on.act[step_of == s].mean() < off.act[step_of == s].mean() - 0.1
+        length = on.result.step_end[s] - on.result.step_start[s]
+        assert all(length < r.result.step_end[s] - r.result.step_start[s] for r in others)
+
+
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):
     from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
     from tangram_dask.policy.types import ReplicaSpec

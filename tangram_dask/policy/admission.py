@@ -350,7 +350,10 @@ class AdmissionGate:
             # The knee: past it the CPU cannot hold every action at its largest size, so one more trajectory
             # in flight shrinks actions (ACT) rather than filling idle slots (throughput). Every issued action
             # says it, not only those of the trajectories that ended first (the short ones).
-            cap0 = opt.admission_knee * slots
+            knee = opt.admission_knee
+            if self.lulls and opt.steps_knee and opt.steps_knee < knee:
+                knee = opt.steps_knee  # past a whole step (see steps_gpu_lean above)
+            cap0 = knee * slots
             x0 = self.cpu_at_max / (self.turn_time.n or 1)
             c0 = self.gaps.mean + self.turn_time.mean
         limit = math.inf

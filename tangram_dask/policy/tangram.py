@@ -104,6 +104,9 @@ class TangramOptions:
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
                                      # tools (not rewards): the opening holds ACT, this gives the step back
+    steps_knee: float = 0.7     # >0: admission_knee at most this once a whole step ended (as steps_gpu_lean below):
+                                # the first step's middle was held by its GPU term, read high from the short
+                                # trajectories that end first; later steps' GPU term reads them all, and the knee binds
     steps_gpu_lean: float = 0.55  # >0: admission_gpu_lean at most this once a whole step ended (a lull: nothing in
                                   # flight or waiting, admission_warmup trajectories ended): 0.7 x 0.79, the bias
                                   # of the first step's figure (its short trajectories end first), now gone
