@@ -111,3 +111,30 @@ def test_a_background_load_live_takes_its_load_time_and_counts(monkeypatch):
     assert asked and set(asked) <= set(ready)
     assert all(ready[r] - t >= 2.0 * 0.95 for r, t in asked.items()), (asked, ready)
     assert live["model_loads"] >= len(asked) and live["actions"] == generate(wl).n_actions
+
+
+def test_live_the_policy_sees_each_whole_step_end(monkeypatch):
+    """``steps_knee`` and ``steps_gpu_lean`` apply once a whole step has ended (``TangramPolicy.lulls``): live,
+    the plugin's policy sees the lull at each step's end as the simulator's does (every trajectory of the step
+    ended through ``end_trajectory``, none waiting), here 8 trajectories a step, the warm-up's count."""
+    from dataclasses import replace
+
+    import tangram_dask.live as live_mod
+    from tangram_dask.policy import make_policy
+    from tangram_dask.sim import Simulator
+
+    wl, cl = _tiny()
+    wl = replace(wl, trajectories=8, steps=2, train_time_s=1.0)
+    made = []
+    real = live_mod.make_plugin
+
+    def make_plugin(*a, **k):
+        made.append(real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(live_mod, "make_plugin", make_plugin)
+    (live,) = run_live(wl, cl, ("tangram",), time_scale=0.05)
+    assert live["actions"] == generate(wl).n_actions and made[0].policy.lulls == 2
+    pol = make_policy("tangram", cl, wl)
+    Simulator(generate(wl), cl, pol).run()
+    assert pol.lulls == 2
