@@ -503,31 +503,41 @@ def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
 
 
+def _three_steps(workload: str, cluster: str, option: str, value: float):
+    """The file run as three steps (30 s of training between them) with ``option`` at ``value`` and at 0:
+    both see a lull at each step's end and decide the first step alike. Returns the two runs, static's
+    and fifo's, and each action's step."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    wl = replace(load_workload(workload), steps=3, train_time_s=30.0)
+    gen = generate(wl)
+    cl = load_cluster(cluster)
+    on, off = (simulate(gen, cl, "tangram", options=TangramOptions(**{option: x})) for x in (value, 0.0))
+    assert on.policy.lulls == off.policy.lulls == 3  # one at each step's end
+    t1 = off.result.step_end[0]
+    assert [d for d in on.decisions if d[0] <= t1] == [d for d in off.decisions if d[0] <= t1]
+    step_of = np.repeat(np.arange(gen.n_trajectories), np.diff(gen.first)) // wl.trajectories
+    return on, off, [simulate(gen, cl, p) for p in ("static", "fifo")], step_of
+
+
+def _length(run, s: int) -> float:
+    return run.result.step_end[s] - run.result.step_start[s]
+
+
 def test_after_a_whole_step_the_gpu_bound_gate_keeps_the_first_steps_target():
     """``steps_gpu_lean`` (0.55, the default): once a whole step ended (nothing in flight or waiting), the
     gate's GPU figure holds every trajectory of it, not first the short ones that read it high, so the GPU
     target on a GPU-bound cluster drops from 0.7 to 0.7 x 0.79. On the GPU-bound file run as three steps,
     the first step is decided exactly as before; the later ones hold fewer trajectories in flight, and their
-    actions finish sooner, the step still well under static's. Audited."""
-    from dataclasses import replace
-
-    import numpy as np
-
-    wl = replace(load_workload("resources/variants/gpu-bound.yaml"), steps=3, train_time_s=30.0)
-    gen = generate(wl)
-    cl = load_cluster("resources/variants/cluster-gpu-mixed.yaml")
-    on, off = (simulate(gen, cl, "tangram", options=TangramOptions(steps_gpu_lean=x)) for x in (0.55, 0.0))
-    static = simulate(gen, cl, "static")
-    assert on.policy.lulls == off.policy.lulls == 3  # one at each step's end
-
-    t1 = off.result.step_end[0]
-    assert [d for d in on.decisions if d[0] <= t1] == [d for d in off.decisions if d[0] <= t1]
-    step_of = np.repeat(np.arange(gen.n_trajectories), np.diff(gen.first)) // wl.trajectories
-    later = step_of > 0
-    assert on.act[later].mean() < off.act[later].mean() - 0.1
+    actions finish sooner, the step still well under static's and fifo's. Audited."""
+    on, off, others, step_of = _three_steps("resources/variants/gpu-bound.yaml",
+                                            "resources/variants/cluster-gpu-mixed.yaml", "steps_gpu_lean", 0.55)
+    assert on.act[step_of > 0].mean() < off.act[step_of > 0].mean() - 0.1
     for s in (1, 2):
         assert on.act[step_of == s].mean() < off.act[step_of == s].mean()
-        assert on.result.step_end[s] - on.result.step_start[s] < static.result.step_end[s] - static.result.step_start[s]
+        assert all(_length(on, s) < _length(r, s) for r in others)
 
 
 def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
@@ -536,20 +546,8 @@ def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
     term reads them all and the knee alone binds, so it is lowered from 0.8 to 0.7 there. On the standard file
     run as three steps the first step is decided as before; the later ones run fewer trajectories at once and
     their actions finish sooner, each step still shorter than static's and fifo's. Audited."""
-    from dataclasses import replace
-
-    import numpy as np
-
-    wl = replace(load_workload("resources/bench/standard.yaml"), steps=3, train_time_s=30.0)
-    gen = generate(wl)
-    cl = load_cluster("resources/bench/cluster-standard.yaml")
-    on, off = (simulate(gen, cl, "tangram", options=TangramOptions(steps_knee=x)) for x in (0.7, 0.0))
-    others = [simulate(gen, cl, p) for p in ("static", "fifo")]
-    assert on.policy.lulls == 3
-
-    t1 = off.result.step_end[0]
-    assert [d for d in on.decisions if d[0] <= t1] == [d for d in off.decisions if d[0] <= t1]
-    step_of = np.repeat(np.arange(gen.n_trajectories), np.diff(gen.first)) // wl.trajectories
+    on, off, others, step_of = _three_steps("resources/bench/standard.yaml", "resources/bench/cluster-standard.yaml",
+                                            "steps_knee", 0.7)
 
     def admitted_early(run, s):  # trajectories admitted in the step's first 60 s
         t0 = run.result.step_start[s]
@@ -558,8 +556,7 @@ def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
     for s in (1, 2):
         assert admitted_early(on, s) < admitted_early(off, s)
         assert on.act[step_of == s].mean() < off.act[step_of == s].mean() - 0.1
-        length = on.result.step_end[s] - on.result.step_start[s]
-        assert all(length < r.result.step_end[s] - r.result.step_start[s] for r in others)
+        assert all(_length(on, s) < _length(r, s) for r in others)
 
 
 def _gpu_case(groups: tuple[int, ...], models: dict, replicas: list, options: TangramOptions | None = None):

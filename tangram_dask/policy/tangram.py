@@ -318,7 +318,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             for i, x in enumerate(acc):
                 self.ended_work[i] += x
             if not self.admitted and not self.admission_queue and self.ended_n >= self.opt.admission_warmup:
-                self.lulls += 1  # a whole step ended (steps_gpu_lean)
+                self.lulls += 1  # a whole step ended (steps_knee, steps_gpu_lean)
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
