@@ -6,9 +6,10 @@
 
 Sections: ``files`` (the standard workload on cluster-standard and
 cluster-tight, and the GPU-bound variant files, all three policies, with
-``--parity``; its figures are ``tangram-dask bench ... --plot``'s) and one
+``--parity``; its figures are ``tangram-dask bench ... --plot``'s), one
 per variant family of ``benchmarks/variants.py`` (``std``, ``gpu``,
-``tail``, ...). Every figure is what the code in the working tree measures when
+``tail``, ...), and ``steps`` (every family's variants run as several RL
+steps, one row per family). Every figure is what the code in the working tree measures when
 this runs; the doc's header names the commit and whether the code had
 uncommitted changes.
 """
@@ -40,8 +41,10 @@ FIGURES = ROOT / "docs" / "benchmarks"
 FILES = (("resources/bench/standard.yaml", "resources/bench/cluster-standard.yaml"),
          ("resources/bench/standard.yaml", "resources/bench/cluster-tight.yaml"),
          ("resources/variants/gpu-bound.yaml", "resources/variants/cluster-gpu-mixed.yaml"))
-SECTIONS = ("files", *variants.FAMILIES)
+SECTIONS = ("files", *variants.FAMILIES, "steps")
 RATIOS = ("ACT/ideal", "step/ideal", "ACT/static", "step/static", "ACT/fifo", "step/fifo", "ACT/floor")
+#: The ``steps`` section: every variant of every family run as at least this many RL steps.
+STEPS = 3
 
 
 # -- the files section ------------------------------------------------------------------------
@@ -108,9 +111,10 @@ def figures_md(runs: list[list[dict[str, Any]]]) -> str:
 
 
 # -- the variant families ---------------------------------------------------------------------
-def measure_family(fam: str, jobs: int = 1) -> list[dict]:
-    """``benchmarks/variants.py --family fam``'s measurements (default options, no parity)."""
-    cases = [(fam, wd, cd, {}, False) for wd, cd in variants.family(fam, False)]
+def measure_family(fam: str, jobs: int = 1, steps: int = 0) -> list[dict]:
+    """``benchmarks/variants.py --family fam``'s measurements (default options, no parity); with ``steps``,
+    each variant run as at least that many RL steps (``variants.as_steps``)."""
+    cases = [(fam, variants.as_steps(wd, steps), cd, {}, False) for wd, cd in variants.family(fam, False)]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -139,12 +143,27 @@ def family_table(fam: str, rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steps_table(by_family: dict[str, list[dict]]) -> str:
+    """One row per family: its variants run as ``STEPS`` steps, the figures over all of them."""
+    lines = ["| family | variants | both below static's | ACT/ideal mean | max | over 1.5 | ACT/static mean | max "
+             "| step/static mean | max | step/fifo mean | max |", "|---|" + "---:|" * 11]
+    for fam, rs in by_family.items():
+        m = np.array([r["ratios"] for r in rs])
+        wins = int(((m[:, 2] < 1) & (m[:, 3] < 1)).sum())
+        lines.append(f"| {fam} | {len(rs)} | {wins} | {m[:, 0].mean():.3f} | {m[:, 0].max():.3f} | "
+                     f"{int((m[:, 0] > 1.5).sum())} | " + " | ".join(f"{f(m[:, i]):.3f}" for i in (2, 3, 5)
+                                                            for f in (np.mean, np.max)) + " |")
+    return "\n".join(lines)
+
+
 # -- the document -----------------------------------------------------------------------------
 def section(name: str, *, plot_dir: Path | None = None, jobs: int = 1) -> str:
     """The generated markdown of one section: what sits between its markers in docs/benchmarks.md."""
     if name == "files":
         runs = bench_files(plot_dir)
         return files_table(runs) + "\n\n" + files_summary(runs) + "\n\n" + figures_md(runs)
+    if name == "steps":
+        return steps_table({fam: measure_family(fam, jobs, STEPS) for fam in variants.FAMILIES})
     return family_table(name, measure_family(name, jobs))
 
 
@@ -254,6 +273,23 @@ error, which says whether a change of a few thousandths is more than noise.
 
 {families}
 
+## Over a training run
+
+A training run repeats its step, and the tables above are mostly one step
+each (the gate's later-step targets, `steps_knee` and `steps_gpu_lean`,
+act only once a whole step has ended: [docs/scheduling.md](scheduling.md),
+Admission, "Later steps"). Here every variant of every family is run as
+{steps_n} steps, 30 s of training between them where it gives none (a
+variant of more steps keeps its own); the figures are over all of its
+steps. `python benchmarks/reseed.py --steps {steps_n}` draws them again on
+other seeds.
+
+```bash slow
+python benchmarks/report.py --print steps
+```
+
+{steps}
+
 ## Checking this file
 
 `python benchmarks/report.py --check files` (or a family's name, or
@@ -293,7 +329,8 @@ def document(jobs: int = 1) -> str:
                     + f"```bash\npython benchmarks/variants.py --family {fam}\n"
                     f"python benchmarks/report.py --print {fam}\n```\n\n" + _marked(fam, section(fam, jobs=jobs)))
     return TEMPLATE.format(provenance=provenance(), files=_marked("files", section("files", plot_dir=FIGURES)),
-                           families="\n\n".join(fams))
+                           families="\n\n".join(fams), steps_n=STEPS,
+                           steps=_marked("steps", section("steps", jobs=jobs)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ its standard error, and the draws each way (``paired``).
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import sys
@@ -42,12 +41,9 @@ def draws(families: list[str], k: int, steps: int = 0) -> list[tuple[str, dict, 
     for fam in families:
         for wd, cd in V.family(fam, False):
             for i in range(k):
-                w = copy.deepcopy(wd)
+                w = V.as_steps(wd, steps)
                 w["seed"] = 1000 + 17 * i + int(wd["seed"])
                 w["name"] = f"{wd['name']}@{w['seed']}"
-                if steps > w.get("steps", 1):
-                    w["steps"] = steps
-                    w["train_time_s"] = w.get("train_time_s") or 30.0
                 out.append((fam, w, cd))
     return out
 

@@ -68,6 +68,16 @@ def _with(d0: dict, name: str, **changes) -> dict:
     return d
 
 
+def as_steps(wd: dict, steps: int, train_time_s: float = 30.0) -> dict:
+    """The workload ``wd`` run as at least ``steps`` RL steps (what a training run repeats), ``train_time_s``
+    between them where it gives none; a workload of more steps keeps its own. A copy."""
+    d = copy.deepcopy(wd)
+    if steps > d.get("steps", 1):
+        d["steps"] = steps
+        d["train_time_s"] = d.get("train_time_s") or train_time_s
+    return d
+
+
 def std_family(quick: bool) -> list[tuple[dict, dict]]:
     w0 = _yaml(BENCH / "standard.yaml")
     c_std = _yaml(BENCH / "cluster-standard.yaml")

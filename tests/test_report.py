@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 REPORT = ROOT / "benchmarks" / "report.py"
-SECTIONS = ("files", "std", "gpu", "tail")  # at least these; a new family of variants.py gets its own too
+SECTIONS = ("files", "std", "gpu", "tail", "steps")  # at least these; a new family of variants.py gets its own too
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
