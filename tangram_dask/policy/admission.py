@@ -257,12 +257,13 @@ class AdmissionGate:
         if any(pool.qwork > 0 for pool in self.pools.values()):
             return False
         gpu_target = self.opt.admission_gpu or 1.0
+        api_target = self.opt.admission_api or gpu_target
         cpu_target = self.opt.admission
         if learned:
-            cpu_target = gpu_target = self.opt.idle_learned
+            cpu_target = gpu_target = api_target = self.opt.idle_learned
         busy = ((self.cpu.slots - self.cpu.slots_free, self.cpu.slots, cpu_target),
                 (self.gpu.total - self.gpu.idle, self.gpu.total, gpu_target),
-                (self.api.total - self.api.total_free, self.api.total, gpu_target))
+                (self.api.total - self.api.total_free, self.api.total, api_target))
         return all(b < target * units for b, units, target in busy if units > 0)
 
     def _queueing(self) -> bool:
@@ -304,6 +305,7 @@ class AdmissionGate:
         """
         opt = self.opt
         a_gpu = opt.admission_gpu
+        a_api = opt.admission_api
         if (opt.admission_gpu_lean and opt.admission_model and a_gpu and 2 * self.gpu_tools > self.gpu_calls
                 and self._gpu_lean()):
             # GPU-bound (most GPU calls are tools, not rewards): the per-model opening keeps the warm-up's
@@ -311,6 +313,7 @@ class AdmissionGate:
             # smaller opening took (gpux-107: 8 GPUs). Where the GPUs serve rewards only, it would add
             # queueing for nothing (the CPU-bound half cluster of tests/test_variants.py: ACT +5%).
             a_gpu = opt.admission_gpu_lean
+            a_api = 0.0  # the API tokens as the GPUs
             if self.lulls and opt.steps_gpu_lean and opt.steps_gpu_lean < a_gpu:
                 # past a whole step, the figure below holds every trajectory of it, not first the short ones
                 # (which ask more of the GPUs per cycle: their reward is a larger share): the first step's
@@ -335,7 +338,7 @@ class AdmissionGate:
             c2 = cycle
         cap0 = opt.admission * slots
         cap1 = a_gpu * self.gpu.total if a_gpu else 0.0
-        cap2 = a_gpu * self.api.total if a_gpu else 0.0
+        cap2 = (a_api if a_api else a_gpu) * self.api.total if a_gpu else 0.0
         c0 = cycle
         if opt.admission_issued:
             cap0 = opt.admission_issued * slots

@@ -65,7 +65,13 @@ class TangramOptions:
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
     elephant_hint: float = 2.25  # also an elephant when log(hint) > mean + this sd of its kind's log hints (0: off)
-    admission_gpu: float = 0.6  # >0: the gate also keeps GPU (and API) demand under this x their capacity
+    admission_gpu: float = 0.5  # >0: the gate also keeps GPU demand under this x the GPUs (and, with admission_api,
+                                # API demand under that x the tokens)
+    admission_api: float = 0.6  # (with admission_gpu) the API term's target, x the tokens
+    gate_runs: float = 1.0      # 1: an ended trajectory's demand in the gate is what its actions took (their run
+                                # times, normalised as the estimator's), not what was expected of them at issue (the
+                                # first of each kind are raw hints, exp(sigma^2 / 2) high on average: 1.65x at hint
+                                # sigma 1, 3.1x at 1.5); 0: the estimates at issue, as before session 27
     admission_warmup: float = 8.0  # until this many trajectories ended, demand is learned per action and capped
     warmup_units: float = 1.0   # cap until then: 1, one per unit of the scarcest resource seen; 0, one per CPU slot
     admission_queue: float = 1.0  # >0: admit nobody while queued work per unit exceeds this x a mean action
@@ -102,14 +108,16 @@ class TangramOptions:
                                 # model whose demand the warm-up cannot measure yet with no replica free of loads
     gpu_lean: float = 4.0       # >0: the six above and admission_gpu_lean only on a cluster that leans to GPUs,
                                 # CPU slots <= this x GPUs (0: on every cluster)
-    admission_gpu_lean: float = 0.7  # >0: admission_gpu where the per-model gate applies and most GPU calls are
-                                     # tools (not rewards): the opening holds ACT, this gives the step back
+    admission_gpu_lean: float = 0.55  # >0: admission_gpu (and admission_api) where the per-model gate applies and
+                                      # most GPU calls are tools (not rewards): the opening holds ACT, this gives the
+                                      # step back (0.7 before gate_runs)
     steps_knee: float = 0.7     # >0: admission_knee at most this once a whole step ended (as steps_gpu_lean below):
                                 # the first step's middle was held by its GPU term, read high from the short
                                 # trajectories that end first; later steps' GPU term reads them all, and the knee binds
-    steps_gpu_lean: float = 0.55  # >0: admission_gpu_lean at most this once a whole step ended (a lull: nothing in
-                                  # flight or waiting, admission_warmup trajectories ended): 0.7 x 0.79, the bias
-                                  # of the first step's figure (its short trajectories end first), now gone
+    steps_gpu_lean: float = 0.5  # >0: admission_gpu_lean at most this once a whole step ended (a lull: nothing in
+                                 # flight or waiting, admission_warmup trajectories ended): the bias of the first
+                                 # step's figure (its short trajectories end first) is gone (0.55, 0.7 x 0.79, before
+                                 # gate_runs)
     open_hold: float = 16.0     # >0: once a GPU action was seen, the per-model limit stays under admission_open
                                 # until this many actions were seen (4 say little: one short prm hint read 41)
     open_blind: float = 0.0     # >0 (opt-in, with open_hold): while none of the actions seen was a GPU action the
@@ -168,7 +176,7 @@ class TangramOptions:
                                 # the expectations are trusted, long_trust): a late long trajectory no longer sets
                                 # the step. Without expectations it does nothing (0: expectations are ignored)
     long_knee: float = 0.55     # (with admit_long, while the expectations are trusted) admission_knee
-    long_gpu_lean: float = 0.5  # (the same) admission_gpu_lean
+    long_gpu_lean: float = 0.4  # (the same) admission_gpu_lean (0.5 before gate_runs)
     long_model: float = 0.4     # (with admit_long, from the first expectation: the warm-up's per-model target acts
                                 # before any trajectory ended, so it cannot wait for the trust) admission_model
     long_trust: float = 0.5     # long_knee and long_gpu_lean apply while the expected and measured lengths (logs) of
@@ -228,6 +236,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions, its last action's api
         # unit-seconds, its last action's seconds]; summed when it ends (api_whole reads the last two)
         self.traj_work: dict[str, list[float]] = {}
+        # gate_runs: per action of a trajectory in flight, (seconds and units it added to traj_work, its ordinal
+        # there); when it finishes, its run time takes the estimate's place
+        self._issued_work: dict[ActionId, tuple[float, int, float]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
@@ -397,6 +408,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             acc[4] += 1
             acc[5] = t_u * u if res == "api" else 0.0  # the last action so far (at the end: the reward)
             acc[6] = t_u
+            if self.opt.gate_runs:
+                self._issued_work[aid] = (t_u, u, acc[4])
         if est > 0:
             log_est = math.log(est)
             w = self.ests.get(spec.kind)
@@ -443,16 +456,40 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._unpaid[r.replica] = owed
             else:
                 del self._unpaid[r.replica]
+        issued = self._issued_work.pop(aid, None) if self._issued_work else None
         if run_s is not None and run_s > 0:
             u, m = r.units, spec.units_max
-            self.est.observe(spec, run_s / spec.scale(u if u < m else m))  # min(u, m)
+            work = run_s / spec.scale(u if u < m else m)  # min(u, m)
+            self.est.observe(spec, work)
+            if issued is not None:
+                self._ran(traj, spec, work, issued)
+
+    def _ran(self, traj: str | None, spec: ActionSpec, work: float, issued: tuple[float, int, float]) -> None:
+        """``gate_runs``: an action of a trajectory in flight finished; in its trajectory's figures (``traj_work``)
+        what it took (``work``, on units.min) replaces what was expected of it at issue."""
+        acc = self.traj_work.get(traj)
+        if acc is None:
+            return
+        t_est, u, k = issued
+        t_run = work * spec.scale(u)
+        d = t_run - t_est
+        acc[_RES[spec.resource]] += d * u
+        acc[3] += d
+        if acc[4] == k:  # its trajectory's last action so far
+            acc[5] = t_run * u if spec.resource == "api" else 0.0
+            acc[6] = t_run
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
+        self._issued_work.pop(aid, None)
         r = self.running.get(aid)
         done = super().cancel(aid, now)
         if r is not None:
             self._released(r)
         return done
+
+    def _reject(self, aid: ActionId, reason: str, shortfall: Shortfall | None = None) -> None:
+        self._issued_work.pop(aid, None)
+        super()._reject(aid, reason, shortfall)
 
     def _released(self, r: Running) -> None:
         """An action gave its units back: its pool's counters, and who may use them."""
