@@ -305,7 +305,7 @@ class AdmissionGate:
         """
         opt = self.opt
         a_gpu = opt.admission_gpu
-        a_api = opt.admission_api
+        a_api = opt.admission_api or a_gpu
         if (opt.admission_gpu_lean and opt.admission_model and a_gpu and 2 * self.gpu_tools > self.gpu_calls
                 and self._gpu_lean()):
             # GPU-bound (most GPU calls are tools, not rewards): the per-model opening keeps the warm-up's
@@ -313,12 +313,12 @@ class AdmissionGate:
             # smaller opening took (gpux-107: 8 GPUs). Where the GPUs serve rewards only, it would add
             # queueing for nothing (the CPU-bound half cluster of tests/test_variants.py: ACT +5%).
             a_gpu = opt.admission_gpu_lean
-            a_api = 0.0  # the API tokens as the GPUs
             if self.lulls and opt.steps_gpu_lean and opt.steps_gpu_lean < a_gpu:
                 # past a whole step, the figure below holds every trajectory of it, not first the short ones
                 # (which ask more of the GPUs per cycle: their reward is a larger share): the first step's
                 # gate read it 1 / 0.79 high on the gpu and gpux families, so the same gate is 0.7 x 0.79
                 a_gpu = opt.steps_gpu_lean
+            a_api = a_gpu  # the API tokens as the GPUs
         slots = self.cpu.slots
         # written out for three resources (CPU slots 0, GPUs 1, API tokens 2), no lists or loops:
         # recomputed after every submission while trajectories wait (a million times in the scale run)
@@ -338,7 +338,7 @@ class AdmissionGate:
             c2 = cycle
         cap0 = opt.admission * slots
         cap1 = a_gpu * self.gpu.total if a_gpu else 0.0
-        cap2 = (a_api if a_api else a_gpu) * self.api.total if a_gpu else 0.0
+        cap2 = a_api * self.api.total if a_gpu else 0.0
         c0 = cycle
         if opt.admission_issued:
             cap0 = opt.admission_issued * slots
