@@ -65,9 +65,10 @@ class TangramOptions:
     admission_cycles: float = 0.0  # >0: no trajectory waits for admission longer than this many turn cycles
     elephant_z: float = 2.0     # an action is an elephant when log(est) > mean + z sd of its kind's log estimates
     elephant_hint: float = 2.25  # also an elephant when log(hint) > mean + this sd of its kind's log hints (0: off)
-    admission_gpu: float = 0.5  # >0: the gate also keeps GPU demand under this x the GPUs (and, with admission_api,
-                                # API demand under that x the tokens)
-    admission_api: float = 0.6  # (with admission_gpu) the API term's target, x the tokens
+    admission_gpu: float = 0.5  # >0: the gate also keeps GPU demand under this x the GPUs, and API demand under
+                                # admission_api x the tokens (0: neither)
+    admission_api: float = 0.6  # (with admission_gpu) the API term's target (0: admission_gpu's); where the cluster
+                                # leans to GPUs, admission_gpu_lean's
     gate_runs: float = 1.0      # 1: an ended trajectory's demand in the gate is what its actions took (their run
                                 # times, normalised as the estimator's), not what was expected of them at issue (the
                                 # first of each kind are raw hints, exp(sigma^2 / 2) high on average: 1.65x at hint
