@@ -2,8 +2,9 @@
 
 Trajectories are admitted (``admission > 0``, the default) only while the
 expected demand on each resource (Little's law, learned from whole
-trajectories, rewards included) stays under a target: CPU slots, and GPUs
-and API tokens (``admission_gpu``); never while queued work already exceeds
+trajectories, rewards included, from what their actions took: ``gate_runs``)
+stays under a target: CPU slots, GPUs (``admission_gpu``) and API tokens
+(``admission_api``); never while queued work already exceeds
 a mean action per unit (``_queueing``). The CPU term is the knee
 (``admission_knee``): the CPU demand of every issued action at
 ``units.max``, kept under 0.8 x the slots. Before anything is learned, the
@@ -315,8 +316,8 @@ class AdmissionGate:
             a_gpu = opt.admission_gpu_lean
             if self.lulls and opt.steps_gpu_lean and opt.steps_gpu_lean < a_gpu:
                 # past a whole step, the figure below holds every trajectory of it, not first the short ones
-                # (which ask more of the GPUs per cycle: their reward is a larger share): the first step's
-                # gate read it 1 / 0.79 high on the gpu and gpux families, so the same gate is 0.7 x 0.79
+                # (which ask more of the GPUs per cycle: their reward is a larger share), and reads lower
+                # (0.55 -> 0.5 with gate_runs; 0.7 -> 0.55, 0.7 x 0.79, before it)
                 a_gpu = opt.steps_gpu_lean
             a_api = a_gpu  # the API tokens as the GPUs
         slots = self.cpu.slots
