@@ -292,7 +292,8 @@ def test_in_the_steps_tail_a_long_test_run_reserves_slots_rather_than_set_the_st
     from benchmarks.reseed import draws, measure
 
     (draw,) = [d for d in draws(["tail"], 4) if d[1]["name"] == "tail-tight-b@1065"]
-    gate = {"gate_runs": 0.0, "admission_gpu": 0.6}  # the admission gate's GPU term before session 27
+    # the admission gate's GPU term before session 27, and its opening's share before session 28
+    gate = {"gate_runs": 0.0, "admission_gpu": 0.6, "open_prior": 0.0}
     then = {"pair_floor": 0.0, "admission_knee": 0.9, **gate}  # the defaults of session 10
     _, _, ((act0, step0, *_), (act1, step1, *_), (_, step2, *_)) = measure(
         draw, [{"elephant_tail": 0.0, **then}, then, {"elephant_tail": 0.0, "admission_knee": 0.9, **gate}])

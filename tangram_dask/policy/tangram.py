@@ -158,6 +158,10 @@ class TangramOptions:
                                 # as per CPU slot, then, once 4 actions were seen, per unit of what the actions seen
                                 # hold of each (static binds a token per trajectory); 0: one per CPU slot. Not where
                                 # the per-model gate opens (admission_model, on a cluster that leans to GPUs)
+    open_prior: float = 4.0     # (with open_share) once 4 actions were seen, the opening's share per action is read
+                                # with its own guess (one unit of each resource per action) counted as this many of
+                                # them: 4 actions alone read one API call in four on api-tight at seed 1216, and the
+                                # opening went from 12 to 32 trajectories on 12 tokens (0: from the actions alone)
     api_whole: float = 1.0      # 1: the gate's API term past the warm-up reads a trajectory's API work as its tool
                                 # calls (from every one issued) x its tool turns (from the hazard of ending) plus its
                                 # last call (from those that ended); 0: from the ended trajectories alone
