@@ -1383,10 +1383,9 @@ def test_a_model_that_loads_in_no_time_reads_a_huge_demand_and_keeps_every_repli
     assert pol._keep("quick") >= 4  # every replica it could have: none goes
 
 
-def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_less():
-    """``open_share`` (the default): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
-    12 trajectories, not one per slot (32), then follows what the first actions hold; the API calls issued
-    in the first 50 s wait less than half as long (measured 99 s -> under 20 s), and every action runs."""
+def _api_tight(seed: int):
+    """``api-tight`` of benchmarks/variants.py (the api family: 96 trajectories, 32 CPU slots, 12 tokens) drawn on
+    ``seed``: its workload, cluster and draws."""
     from pathlib import Path
 
     import yaml
@@ -1395,11 +1394,18 @@ def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_l
     from tangram_dask.workload import generate, parse_workload
 
     wd = yaml.safe_load(Path("resources/variants/api-heavy.yaml").read_text())
-    wd.update(seed=63, trajectories=96)
+    wd.update(seed=seed, trajectories=96)
     cd = yaml.safe_load(Path("resources/variants/cluster-api.yaml").read_text())
     cd["api"]["tokens"] = 12
     wl, cl = parse_workload(wd, "api-tight"), parse_cluster(cd, "api-tight")
-    gen = generate(wl)
+    return wl, cl, generate(wl)
+
+
+def test_open_share_opens_with_one_trajectory_per_api_token_and_api_calls_wait_less():
+    """``open_share`` (the default): on the API-heavy family's tight quota (32 CPU slots, 12 tokens) the opening is
+    12 trajectories, not one per slot (32), then follows what the first actions hold; the API calls issued
+    in the first 50 s wait less than half as long (measured 99 s -> under 20 s), and every action runs."""
+    wl, cl, gen = _api_tight(63)
     share = simulate(gen, cl, "tangram")
     plain = simulate(gen, cl, "tangram", options=TangramOptions(open_share=0.0))
     assert sum(t == 0.0 for t, _ in share.admits()) == 12
@@ -1419,19 +1425,7 @@ def test_open_prior_keeps_four_actions_from_opening_the_gate_to_every_slot():
     trajectories at t = 1.6 s, and the searches issued in the first 20 s waited 11 s in all; with the opening's
     own guess counted as 4 of the actions seen it has 20 in by t = 2 s, and they wait 1.4 s. ACT 1.022x -> 0.993x
     static's."""
-    from pathlib import Path
-
-    import yaml
-
-    from tangram_dask.cluster import parse_cluster
-    from tangram_dask.workload import generate, parse_workload
-
-    wd = yaml.safe_load(Path("resources/variants/api-heavy.yaml").read_text())
-    wd.update(seed=1216, trajectories=96)
-    cd = yaml.safe_load(Path("resources/variants/cluster-api.yaml").read_text())
-    cd["api"]["tokens"] = 12
-    wl, cl = parse_workload(wd, "api-tight"), parse_cluster(cd, "api-tight")
-    gen = generate(wl)
+    wl, cl, gen = _api_tight(1216)
     prior = simulate(gen, cl, "tangram")
     alone = simulate(gen, cl, "tangram", options=TangramOptions(open_prior=0.0))
     static = simulate(gen, cl, "static")
