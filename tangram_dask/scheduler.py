@@ -285,7 +285,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     self.options.time_scale, self.options.pipeline)
 
     async def close(self) -> None:
-        uninstall_dashboard(self.scheduler)
+        await uninstall_dashboard(self.scheduler)
 
     def now(self) -> float:
         """Policy time: seconds since start, divided by ``time_scale``."""
@@ -324,6 +324,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         pol = self.policy
         self.nodes[addr] = decl
         if decl.gpus:
+            if decl.slots:
+                logger.warning("tangram: worker %s declares %d sandbox slots and %d GPUs; a worker is one kind of "
+                               "node, here a GPU node, so its slots are not used: run the sandboxes on a worker "
+                               "of their own", addr, decl.slots, decl.gpus)
             reps = [ReplicaSpec(m, addr, tuple(g)) for m, g in self.options.replicas.get(str(ws.name), ())]
             pol.add_gpu_node(GpuNode(addr, decl.gpus, decl.gpu_memory_gb, decl.groups), replicas=reps)
         elif decl.slots:

@@ -14,6 +14,7 @@ and skips, saying so, where they are not installed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -391,3 +392,38 @@ def test_the_pool_table_says_what_holds_a_waiting_models_replicas():
     table.update()
     assert table.source.data["replicas"] == ["", "", "GPUs serving another model", ""]
     assert "its replicas" in table.root.text and "GPUs serving another model" in table.root.text
+
+
+def test_close_stops_the_page_with_stop_async_where_bokeh_has_it():
+    """Bokeh 3.10 (it needs Python 3.12; this venv's 3.11 gets 3.9) raises from ``stop()`` on the running loop and
+    offers ``stop_async``: the plugin's close awaits it, as distributed does for its own Bokeh server, and then
+    finishes the uninstall (menu entries, monitor). Bokeh 3.10's two methods stand in on the real 3.9 server."""
+    from distributed import Scheduler
+    from distributed.dashboard.scheduler import template_variables
+
+    from tangram_dask.dashboard import TangramMonitor, _installed
+
+    calls: list[str] = []
+
+    async def main() -> None:
+        plugin = TangramSchedulerPlugin("tangram")
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0, plugins=[plugin]) as s:
+            inst = _installed[s]
+            assert inst.bokeh is not None and inst.plots  # the page came after the Bokeh server: its own
+            assert TangramMonitor.name in s.plugins
+            real_stop = inst.bokeh.stop
+
+            def stop(wait: bool = True) -> None:  # bokeh 3.10.2's, on the running loop
+                raise RuntimeError("Cannot synchronously wait on a running event loop; use 'await stop_async()'")
+
+            async def stop_async() -> None:
+                calls.append("stop_async")
+                real_stop()
+
+            inst.bokeh.stop, inst.bokeh.stop_async = stop, stop_async
+        assert s not in _installed
+        assert TangramMonitor.name not in s.plugins  # the uninstall went past the Bokeh server's stop
+        assert not [p for p in template_variables(s)["plots"] if p["url"].startswith("individual-tangram")]
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert calls == ["stop_async"]

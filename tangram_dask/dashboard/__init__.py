@@ -201,8 +201,11 @@ def _late_bokeh(apps: dict[str, Any], scheduler: Any, main: Any, variables: dict
     return app
 
 
-def uninstall_dashboard(scheduler: Any) -> None:
-    """Undo :func:`install_dashboard` (safe to call twice, or without an install)."""
+async def uninstall_dashboard(scheduler: Any) -> None:
+    """Undo :func:`install_dashboard` (safe to call twice, or without an install).
+
+    The page's Bokeh server stops as distributed stops its own (``Node._stop_services``): ``stop_async``
+    where Bokeh has it (3.10 on: there ``stop()`` on the running loop raises), else ``stop()``."""
     inst = _installed.pop(scheduler, None)
     if inst is None:
         return
@@ -213,7 +216,11 @@ def uninstall_dashboard(scheduler: Any) -> None:
         if a is not None and a in apps:
             apps.remove(a)
     if inst.bokeh is not None:
-        inst.bokeh.stop()
+        stop_async = getattr(inst.bokeh, "stop_async", None)
+        if callable(stop_async):
+            await stop_async()
+        else:
+            inst.bokeh.stop()
     if inst.plots:
         from distributed.dashboard.scheduler import template_variables
         plots = template_variables(scheduler)["plots"]
