@@ -538,6 +538,9 @@ def run_policy(policy: str, plan: list[TrajectoryPlan], opts: DemoOptions, rewar
             time.sleep(0.02)
         register_model(client, reward.name, reward.loader, memory_gb=reward.memory_gb, load_s=reward.load_s)
         cpu = [a for a, w in client.scheduler_info()["workers"].items() if w.get("name", "").startswith("cpu-")]
+        not_cpu = {a: d for a, d in plugin.nodes.items() if a in cpu and (d.gpus or not d.slots)}
+        if not_cpu:  # their code actions would wait for CPU workers that never come
+            raise TangramError(f"sandbox workers did not join the tangram plugin as CPU workers: {not_cpu}")
         ready = client.run(_pool_ready, 60.0, workers=cpu)
         if not all(ready.values()):
             raise TangramError(f"the sandbox pools were not ready within 60 s: {ready}")

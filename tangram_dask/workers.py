@@ -257,6 +257,8 @@ def declare_facts(resources: dict[str, float], config: Any = None, *, nvml: Any 
     ``config`` is the ``tangram.worker`` mapping (default: the validated dask
     config). GPUs: NVML unless ``nvml: false``; else ``tangram.worker.gpus``
     or ``--resources gpus=N``, which need ``tangram.worker.gpu-memory-gb``.
+    A worker that declares sandbox slots or API tokens and no GPUs is a CPU
+    worker: NVML is not asked (on a GPU host it would find the GPU workers' GPUs).
     """
     cfg = _worker_config(config)
     slots = int(resources.get("slots", 0) or cfg.get("slots", 0) or 0)
@@ -264,6 +266,13 @@ def declare_facts(resources: dict[str, float], config: Any = None, *, nvml: Any 
     res_gpus = int(resources.get("gpus", 0) or 0)
     cfg_gpus = int(cfg.get("gpus", 0) or 0)
     want_gpus = cfg_gpus or res_gpus
+    if (slots or api) and not want_gpus:
+        # A sandbox or API worker on a GPU host: NVML would find the host's GPUs on every worker there (each
+        # CPU worker claiming them all, and the plugin taking each for a GPU node, its slots unused). The GPUs
+        # are the GPU workers' (--resources gpus=N, tangram.worker.gpus, or a worker that declares nothing).
+        logger.info("tangram: a CPU worker (%d sandbox slots, %d API tokens, no GPUs declared): NVML is not "
+                    "asked for this host's GPUs", slots, api)
+        return WorkerDeclaration(slots=slots, api=api, source="resources"), None
     if cfg.get("nvml", True):
         facts, why = discover(visible, nvml=nvml, env=visible is None)
         if facts is not None:

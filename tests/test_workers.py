@@ -144,6 +144,23 @@ def test_declare_takes_nvml_facts_and_warns_on_a_resources_mismatch(caplog):
     assert "--resources gpus=4 but NVML finds 2" in caplog.text
 
 
+@pytest.mark.parametrize("resources, cfg", [({"slots": 2}, {"nvml": True}), ({}, {"nvml": True, "slots": 4}),
+                                            ({"api": 8}, {"nvml": True})])
+def test_a_sandbox_or_api_worker_on_a_gpu_host_does_not_claim_the_hosts_gpus(resources, cfg, caplog):
+    """Session 29 on the H200: the demo's two sandbox workers each found the GPU through NVML, so the plugin took
+    three GPU nodes and no CPU node, and every code action waited for a CPU worker that never came."""
+    nv = four()
+    with caplog.at_level(logging.INFO, logger="tangram_dask.workers"):
+        d, f = declare_facts(resources, cfg, nvml=nv, visible="0,1,2,3")
+    assert (d.gpus, d.slots, d.api, d.source, f) == (0, resources.get("slots", cfg.get("slots", 0)),
+                                                     resources.get("api", 0), "resources", None)
+    assert nv.inits == 0 and "a CPU worker" in caplog.text and "NVML is not asked" in caplog.text
+    # the same host's GPU worker, and one that says it has both, still find them
+    assert declare_facts({"gpus": 4}, {"nvml": True}, nvml=four(), visible="0,1,2,3")[0].gpus == 4
+    assert declare_facts({"slots": 2, "gpus": 4}, {"nvml": True}, nvml=four(), visible="0,1,2,3")[0].gpus == 4
+    assert declare_facts({}, {"nvml": True}, nvml=four(), visible="0,1,2,3")[0].gpus == 4
+
+
 @pytest.mark.parametrize("cfg, gb", [({}, 72.0), ({"gpu-memory-fraction": 0.5}, 40.0),
                                      ({"gpu-memory-fraction": 1}, 80.0)])
 def test_models_may_hold_a_fraction_of_an_nvml_gpus_memory(cfg, gb):

@@ -55,3 +55,28 @@ def test_resources_gpus_declare_gpus_and_missing_memory_is_named_in_the_log():
         log = "\n".join(msg for _, msg in client.get_worker_logs(workers=[bad])[bad])
         assert "Worker plugin tangram failed to setup" in log
         assert "tangram.worker.gpu-memory-gb" in log and "--resources gpus = 2" in log
+
+
+def test_a_worker_declaring_slots_and_gpus_is_a_gpu_node_and_the_log_says_its_slots_go_unused(caplog):
+    """A worker is one kind of node: one that declares both (here by ``--resources``) joins as a GPU node, and the
+    scheduler's log says its sandbox slots are not used, rather than code actions waiting in silence."""
+    import logging
+
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]})
+    both = worker("both", {"nvml": False, "gpu-memory-gb": 0.01})
+    both["options"]["resources"] = {"slots": 2, "gpus": 2}
+    cluster.worker_spec["both"] = both
+    with caplog.at_level(logging.WARNING, logger="tangram_dask.scheduler"):
+        cluster.sync(cluster._correct_state)
+        with cluster, Client(cluster) as client:
+            client.wait_for_workers(1)
+            deadline = time.monotonic() + 30
+            while not plugin.nodes:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            (decl,) = plugin.nodes.values()
+            assert (decl.slots, decl.gpus) == (2, 2)
+            pools = {p.resource: p.capacity for p in plugin.policy.snapshot().pools}
+            assert pools["gpu"] == 2 and pools["cpu"] == 0
+    assert "declares 2 sandbox slots and 2 GPUs" in caplog.text and "its slots are not used" in caplog.text
