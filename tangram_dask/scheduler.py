@@ -68,6 +68,8 @@ logger = logging.getLogger("tangram_dask.scheduler")
 
 #: The worker address parked actions are restricted to. No worker has it.
 PARK = "tangram://parked"
+WATCH_CALLBACK = "tangram-unplaceable"  # the scheduler's periodic callback that names long-waiting actions
+
 #: One restriction set shared by every parked task (Dask replaces restriction sets, never mutates them):
 #: a set per task would cost ~200 bytes for each of 100,000 queued actions.
 PARKED = frozenset({PARK})
@@ -239,6 +241,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._granted: dict[tuple, dict] = {}
         self._frozen_last: tuple[Any, Any] | None = None  # (annotations, their frozen form) last frozen
         self.costs = CostModel()
+        #: After this many seconds (wall) of waiting with no worker that could ever hold them, actions are
+        #: named in one WARNING per reason (say, no CPU worker has joined), checked every ``_watch_every_s``.
+        self.warn_unplaceable_s = 30.0
+        self._watch_every_s = 5.0
+        self._warned: set[str] = set()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
 
@@ -278,6 +285,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         install_dashboard(self, scheduler)  # Tangram page, /tangram/state.json, /metrics, events
         for addr in list(scheduler.workers):  # workers already there when the plugin arrived
             self.add_worker(scheduler, addr)
+        from tornado.ioloop import PeriodicCallback
+        pc = PeriodicCallback(self._watch_unplaceable, self._watch_every_s * 1000)
+        scheduler.periodic_callbacks[WATCH_CALLBACK] = pc
+        pc.start()
         await scheduler.register_worker_plugin(None, dumps(TangramWorkerPlugin()), name=PLUGIN_NAME,
                                                idempotent=True)
         logger.info("tangram: scheduler plugin started (policy %s, %d API tokens, models %s, time scale %g, "
@@ -285,7 +296,34 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     self.options.time_scale, self.options.pipeline)
 
     async def close(self) -> None:
+        pc = getattr(self.scheduler, "periodic_callbacks", {}).pop(WATCH_CALLBACK, None)
+        if pc is not None:
+            pc.stop()
         await uninstall_dashboard(self.scheduler)
+
+    def _watch_unplaceable(self) -> None:
+        """Say so, once per reason, when actions have waited ``warn_unplaceable_s`` for a worker that could hold
+        them and none has joined (the policy keeps them, as workers may be starting or scaling up): without
+        this a rollout waits in silence (the demo on the H200, whose sandbox workers had joined as GPU nodes)."""
+        waiting = getattr(self.policy, "unplaceable", None) or {}
+        now = self.now()
+        old: dict[str, list[str]] = {}
+        cpu: set[str] = set()
+        for spec, sf, t in list(waiting.values()):
+            if (now - t) * self.options.time_scale >= self.warn_unplaceable_s:
+                old.setdefault(sf.reason, []).append(spec.kind)
+                if spec.resource == "cpu":
+                    cpu.add(sf.reason)
+        for reason, kinds in old.items():
+            if reason in self._warned:
+                continue
+            self._warned.add(reason)
+            hint = (" A worker with --resources slots=N and no GPUs joins as a CPU worker; one that declares GPUs "
+                    "too joins as a GPU node." if reason in cpu else "")
+            logger.warning("tangram: %d actions (%s) have waited over %g s for a worker that can hold them: %s. "
+                           "They stay queued until one joins.%s", len(kinds), ", ".join(sorted(set(kinds))),
+                           self.warn_unplaceable_s, reason, hint)
+        self._warned &= set(old)  # a reason that cleared may warn again if it comes back
 
     def now(self) -> float:
         """Policy time: seconds since start, divided by ``time_scale``."""

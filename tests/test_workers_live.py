@@ -80,3 +80,28 @@ def test_a_worker_declaring_slots_and_gpus_is_a_gpu_node_and_the_log_says_its_sl
             pools = {p.resource: p.capacity for p in plugin.policy.snapshot().pools}
             assert pools["gpu"] == 2 and pools["cpu"] == 0
     assert "declares 2 sandbox slots and 2 GPUs" in caplog.text and "its slots are not used" in caplog.text
+
+
+def test_actions_no_worker_can_hold_are_named_in_the_log_once_they_have_waited(caplog):
+    """No CPU worker has joined: the code action waits (one may be starting), and after ``warn_unplaceable_s``
+    the scheduler's log says which actions wait and why, once; a CPU worker joining then runs it."""
+    import logging
+
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    plugin.warn_unplaceable_s, plugin._watch_every_s = 1.0, 0.2
+    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]})
+    with caplog.at_level(logging.WARNING, logger="tangram_dask.scheduler"), cluster, Client(cluster) as client:
+        with tangram_dask.action(kind="code_exec", resource="cpu", units=1):
+            fut = client.submit(sum, [1, 2], pure=False)
+        deadline = time.monotonic() + 30
+        while "have waited over 1 s" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+        time.sleep(1.0)  # five more checks: still one warning
+        (line,) = [r.getMessage() for r in caplog.records if "have waited" in r.getMessage()]
+        assert "1 actions (code_exec)" in line and "no CPU worker (sandbox slots) has joined" in line
+        assert "--resources slots=N and no GPUs joins as a CPU worker" in line
+        cluster.worker_spec["cpu"] = {"cls": Nanny, "options": {"nthreads": 1, "resources": {"slots": 1},
+                                                                "memory_limit": 0, "dashboard_address": None}}
+        cluster.sync(cluster._correct_state)
+        assert fut.result(timeout=60) == 3
