@@ -394,14 +394,20 @@ def test_the_pool_table_says_what_holds_a_waiting_models_replicas():
     assert "its replicas" in table.root.text and "GPUs serving another model" in table.root.text
 
 
-def test_close_stops_the_page_with_stop_async_where_bokeh_has_it():
+def test_close_stops_the_page_with_stop_async_where_bokeh_has_it(monkeypatch):
     """Bokeh 3.10 (it needs Python 3.12; this venv's 3.11 gets 3.9) raises from ``stop()`` on the running loop and
     offers ``stop_async``: the plugin's close awaits it, as distributed does for its own Bokeh server, and then
-    finishes the uninstall (menu entries, monitor). Bokeh 3.10's two methods stand in on the real 3.9 server."""
+    finishes the uninstall (menu entries, monitor). Bokeh 3.10's two methods stand in on the real 3.9 server.
+    The page must come after the Bokeh server (its own server): the preload's registration, which an earlier
+    test in this process may have made, is taken out for this test."""
     from distributed import Scheduler
+    from distributed.dashboard import scheduler as dashboard_scheduler
     from distributed.dashboard.scheduler import template_variables
 
-    from tangram_dask.dashboard import TangramMonitor, _installed
+    from tangram_dask.dashboard import TangramMonitor, _apps, _installed
+
+    for path in _apps():
+        monkeypatch.delitem(dashboard_scheduler.applications, path, raising=False)
 
     calls: list[str] = []
 

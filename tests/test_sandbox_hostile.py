@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tangram_dask.sandbox import THREATS, bwrap_available, containment
+from tangram_dask.sandbox.backends import gpu_device_nodes
 from tangram_dask.sandbox.hostile import CASES, judge
 
 ROOT = os.geteuid() == 0
@@ -101,11 +102,28 @@ def _launch(backend: str, worker: str, tmp: Path) -> subprocess.Popen | str:
                             **kwargs)
 
 
+#: A stand-in GPU device node (a 0666 file in /dev, as the NVIDIA driver makes its nodes): this machine has no
+#: GPU, and ``gpu_devices`` must be able to fail. Made by root where no real GPU node exists, removed after.
+STAND_IN = Path("/dev/nvidia-tangram-stand-in")
+
+
+def _make_stand_in() -> bool:
+    if not ROOT or gpu_device_nodes():
+        return False
+    try:
+        STAND_IN.write_text("a stand-in for a GPU device node (tests/test_sandbox_hostile.py)\n")
+        os.chmod(STAND_IN, 0o666)
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def runs():
     """All configurations at once, one worker subprocess each (most of their time is timeouts)."""
     tmp = Path(tempfile.mkdtemp(prefix="tangram-hostile-stage-"))
     started = {}
+    made = _make_stand_in()
     try:
         for backend, worker in CONFIGS:
             d = tmp / f"{backend}-{worker}"
@@ -120,6 +138,8 @@ def runs():
                 p.kill()
                 p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+        if made:
+            STAND_IN.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[f"{b}-{w}" for b, w in CONFIGS])
@@ -132,6 +152,8 @@ def matrix(request: pytest.FixtureRequest, runs: dict) -> dict:
     assert p.returncode == 0, err[-3000:]
     result = json.loads(out)
     result["worker"] = worker
+    if ROOT:  # root made the stand-in (or the host has real GPU nodes): gpu_devices had something to reach
+        assert result["cases"]["gpu_devices"]["obs"]["host"], "no GPU device node to reach"
     return result
 
 
@@ -170,6 +192,8 @@ def test_the_judge_can_say_no():
                                 "CapEff": "0" * 16, "CapAmb": "0" * 16, "NoNewPrivs": "1"}, root=True) == "no"
     assert judge("fork_bomb", {"forked": 300, "next_ok": True, "leftover_procs": 0}, root=True) == "no"
     assert judge("infinite_loop", {"reason": "timeout", "next_ok": True, "leftover_procs": 3}, root=True) == "no"
+    assert judge("gpu_devices", {"reason": "ok", "reached": "/dev/nvidia0", "host": ["/dev/nvidia0"],
+                                 "next_ok": True, "leftover_procs": 0}, root=True) == "no"
 
 
 def test_strict_refuses_a_process_backend_without_namespaces(tmp_path):

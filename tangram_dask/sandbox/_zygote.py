@@ -349,8 +349,29 @@ def _prepare():
     os.mkdir(os.path.join(area, "work"), 0o755)
     if area.startswith("/tmp/"):  # each action's fresh /tmp would hide it: bound again there
         TMP_FDS[area] = os.open(area, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _hide_gpu_devices()
     _read_only_everywhere()
     ISO["scratch"] = True
+
+
+#: The device nodes a GPU is reached through (NVIDIA's, and its caps dir; the DRM dir; AMD's KFD). The same
+#: tuple is in backends.py (this file runs alone, as the zygote's source).
+GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
+
+
+def _hide_gpu_devices():
+    """The host's /dev (the process backend's; bwrap's own /dev has none): /dev/null over each GPU device
+    node, an empty read-only tmpfs over a directory of them (/dev/dri), so the code cannot reach a GPU that
+    the worker's reward models use (the nodes are usually mode 0666)."""
+    import glob
+
+    for pattern in GPU_DEVICE_GLOBS:
+        for path in sorted(glob.glob(pattern)):
+            if os.path.isdir(path) and not os.path.islink(path):
+                _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       "size=4k,nr_inodes=4,mode=0755")
+            elif not os.path.islink(path):
+                _mount("/dev/null", path, None, MS_BIND)
 
 
 def _mount_scratch(req):

@@ -54,8 +54,18 @@ THREATS = (
     "disk_fill", "fd_flood", "output_flood", "binary_output", "raise_limits", "privileges",
     "read_host_files", "proc_worker", "env_leak", "fd_leak", "persist_writable", "write_outside",
     "network", "kill_processes", "leftover_process", "close_stdout", "snapshot_symlink", "sysv_ipc", "keyring",
-    "ptrace_zygote",
+    "ptrace_zygote", "gpu_devices",
 )
+
+#: The device nodes a GPU is reached through (as in _zygote.py, which hides them in its mount namespace).
+GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
+
+
+def gpu_device_nodes() -> list[str]:
+    """The GPU device nodes on this host (:data:`GPU_DEVICE_GLOBS`), sorted."""
+    import glob
+
+    return sorted({p for g in GPU_DEVICE_GLOBS for p in glob.glob(g)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,6 +520,7 @@ class Sandbox:
             "LANG": "C.UTF-8",
             "USER": "sandbox",
             "PYTHONDONTWRITEBYTECODE": "1",
+            "CUDA_VISIBLE_DEVICES": "",  # no GPU for CUDA (the device nodes themselves: gpu_devices)
         }
 
     def _host_env(self) -> dict[str, str]:
@@ -914,6 +925,18 @@ def containment(backend: str, options: PoolOptions | None = None, *, root: bool 
         c["kill_processes"] = (N, "no PID namespace: the code can signal the worker (same uid)")
         c["proc_worker"] = (N, "no PID namespace: the worker's /proc (command line, environment) is readable")
         c["sysv_ipc"] = (N, "no IPC namespace: System V shared memory outlives the action")
+    gpus = gpu_device_nodes()
+    if not gpus:
+        c["gpu_devices"] = (Y, "no GPU device node on this host")
+    elif backend == "bwrap":
+        c["gpu_devices"] = (Y, "bwrap's own /dev holds no GPU device node")
+    elif isolated:
+        c["gpu_devices"] = (Y, "own mount namespace: /dev/null is bound over each GPU device node "
+                               "(/dev/nvidia*, /dev/kfd), an empty tmpfs over /dev/dri")
+    else:
+        c["gpu_devices"] = (N, "no mount namespace: the host's GPU device nodes are there (the driver makes them "
+                               "0666), so the code can use the reward models' GPUs; CUDA_VISIBLE_DEVICES is empty "
+                               "in its environment, which only a cooperating program honours")
     if backend == "bwrap":
         c["read_host_files"] = (Y, "only /usr, the Python prefix and named ro_binds are mounted")
     elif root:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import SandboxError
-from .backends import THREATS
+from .backends import THREATS, gpu_device_nodes
 from .options import MiB
 from .pool import SandboxPool
 
@@ -439,6 +439,30 @@ def c_ptrace_zygote(cx: Context) -> Obs:
     return obs
 
 
+def c_gpu_devices(cx: Context) -> Obs:
+    """Every GPU device node the worker sees: can the code open it and reach the device behind it (not
+    /dev/null or an empty dir over it)?"""
+    code = ("import glob, os, stat\n"
+            f"paths = {gpu_device_nodes()!r}\n"
+            "null = os.stat('/dev/null').st_rdev\n"
+            "reached = []\n"
+            "for p in paths:\n"
+            "    try:\n"
+            "        if os.path.isdir(p):\n"
+            "            if os.listdir(p):\n                reached.append(p)\n"
+            "            continue\n"
+            "        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)\n"
+            "    except OSError:\n        continue\n"
+            "    st = os.fstat(fd)\n    os.close(fd)\n"
+            "    if not (stat.S_ISCHR(st.st_mode) and st.st_rdev == null):\n        reached.append(p)\n"
+            "print('reached', ','.join(reached) or '-')\n"
+            "print('cuda_visible', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    obs = _res(cx.run(code))
+    obs.update(_lines_of(obs))
+    obs["host"] = gpu_device_nodes()
+    return obs
+
+
 CASES: dict[str, Callable[[Context], Obs]] = {name: globals()[f"c_{name}"] for name in THREATS}
 
 
@@ -509,6 +533,8 @@ def judge(case: str, obs: Obs, root: bool) -> str:
         return "no" if "OK" in (obs.get("attach"), obs.get("mem"), obs.get("environ"), obs.get("fd")) else "yes"
     if case == "sysv_ipc":
         return "yes" if obs.get("found") == "-1" and obs.get("mq") != "OK" else "no"
+    if case == "gpu_devices":
+        return "no" if obs.get("reached", "-") != "-" or obs.get("reason") != "ok" and obs["host"] else "yes"
     if case == "keyring":
         return "yes" if obs.get("add_key") != "OK" and obs.get("search") == "none" else "no"
     raise ValueError(f"unknown case {case!r}")
