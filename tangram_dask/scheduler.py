@@ -68,11 +68,11 @@ logger = logging.getLogger("tangram_dask.scheduler")
 
 #: The worker address parked actions are restricted to. No worker has it.
 PARK = "tangram://parked"
-WATCH_CALLBACK = "tangram-unplaceable"  # the scheduler's periodic callback that names long-waiting actions
-
 #: One restriction set shared by every parked task (Dask replaces restriction sets, never mutates them):
 #: a set per task would cost ~200 bytes for each of 100,000 queued actions.
 PARKED = frozenset({PARK})
+#: The scheduler's periodic callback that names actions waiting long for a kind of worker that has not joined.
+WATCH_CALLBACK = "tangram-unplaceable"
 
 
 class ActionState(str, Enum):

@@ -354,18 +354,14 @@ def _prepare():
     ISO["scratch"] = True
 
 
-#: The device nodes a GPU is reached through (NVIDIA's, and its caps dir; the DRM dir; AMD's KFD). The same
-#: tuple is in backends.py (this file runs alone, as the zygote's source).
-GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
-
-
 def _hide_gpu_devices():
     """The host's /dev (the process backend's; bwrap's own /dev has none): /dev/null over each GPU device
-    node, an empty read-only tmpfs over a directory of them (/dev/dri), so the code cannot reach a GPU that
-    the worker's reward models use (the nodes are usually mode 0666)."""
+    node (``gpu_globs``: backends.GPU_DEVICE_GLOBS), an empty read-only tmpfs over a directory of them
+    (/dev/dri), so the code cannot reach a GPU that the worker's reward models use (the nodes are usually
+    mode 0666)."""
     import glob
 
-    for pattern in GPU_DEVICE_GLOBS:
+    for pattern in CONFIG.get("gpu_globs", ()):
         for path in sorted(glob.glob(pattern)):
             if os.path.isdir(path) and not os.path.islink(path):
                 _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,

@@ -57,7 +57,8 @@ THREATS = (
     "ptrace_zygote", "gpu_devices",
 )
 
-#: The device nodes a GPU is reached through (as in _zygote.py, which hides them in its mount namespace).
+#: The device nodes a GPU is reached through (NVIDIA's, and its caps dir; the DRM dir; AMD's KFD): the zygote
+#: hides them in its mount namespace (its config's ``gpu_globs``).
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
 
 
@@ -333,6 +334,7 @@ class Sandbox:
             "env": self._env(),
             "preload": list(self.options.preload),
             "area": self.inner_area or str(self.mnt),
+            "gpu_globs": list(GPU_DEVICE_GLOBS),  # hidden in the zygote's mount namespace (gpu_devices)
             **self._config(),
         }
         pass_fds: tuple[int, ...] = ()

@@ -534,7 +534,7 @@ def judge(case: str, obs: Obs, root: bool) -> str:
     if case == "sysv_ipc":
         return "yes" if obs.get("found") == "-1" and obs.get("mq") != "OK" else "no"
     if case == "gpu_devices":
-        return "no" if obs.get("reached", "-") != "-" or obs.get("reason") != "ok" and obs["host"] else "yes"
+        return "no" if obs.get("reached", "-") != "-" or (obs.get("reason") != "ok" and obs["host"]) else "yes"
     if case == "keyring":
         return "yes" if obs.get("add_key") != "OK" and obs.get("search") == "none" else "no"
     raise ValueError(f"unknown case {case!r}")
