@@ -1341,6 +1341,30 @@ def test_a_model_reloaded_in_a_tenth_of_a_second_follows_a_shift_of_the_mix_with
     assert len(stuck) >= 15 and max(t for t, _ in stuck) > 6.5, stuck
 
 
+@pytest.mark.parametrize("site_rank", [1.0, 0.0])
+def test_a_load_evicts_the_idle_model_not_the_busy_one_among_equally_free_gpus(site_rank):
+    """benchmarks/residency.py's shape, two GPUs holding one 0.1 GB replica each (``replay``): c on GPU 0 serves a
+    call every 0.15 s, a on GPU 1 was called once, 2.3 s ago. b's load must evict one of them; both GPUs are
+    idle and equally free. ``site_rank`` takes the GPU whose replicas are the cheaper to lose (a's); before, the
+    first GPU by index went (c's), and c was loaded back 0.1 s later. Over seeds 0-19 of the benchmark's own
+    stream that thrash made 203 loads against 173 (fifo 262)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.residency import replay
+
+    stream = [(0.0, "rm-c"), (0.3, "rm-a")] + [(0.6 + i * 0.15, "rm-c") for i in range(13)]
+    stream += [(2.6, "rm-b")] + [(2.7 + i * 0.15, "rm-c") for i in range(6)]
+    loads, _ = replay("tangram", stream, gpus=2, per_gpu=1, load_s=0.1, call_s=0.01, hint_s=0.01,
+                      options=TangramOptions(site_rank=site_rank))
+    got = [m[-1] for _, m in loads]
+    if site_rank:
+        assert got == ["c", "a", "b"]
+    else:
+        assert got == ["c", "a", "b", "c"]  # the old tie-break: b took c's GPU, and c came back
+
+
 def test_a_measured_load_time_moves_the_models_demand_horizon_and_keeps_its_rate():
     """The horizon is ``horizon_s`` (30 s) at most, ``demand_loads`` x ``load_s`` below that, and
     never under ``load_s``; a load time measured later (``set_model``) moves it, the demand as it

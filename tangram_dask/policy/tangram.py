@@ -88,6 +88,8 @@ class TangramOptions:
                                  # (the knee: past it more in flight shrink actions, not fill slots; under 1,
                                  # headroom for the variance of arrivals: at 1 the slots queue as an M/G/c at rho 1)
     evict_margin: float = 2.0   # a replica its model's demand needs goes only for 2x its demand per GB
+    site_rank: float = 1.0     # >0: of a group's idle GPUs equally free, a load takes those whose replicas cost least
+    #                            to lose (_evict_rank); 0: the first by index
     evict_count: float = 1.0    # 1: a replica is beyond its model's need counting those one load evicts before it
                                 # (0: each judged alone, so one load could take every replica its demand needs)
     residency: float = 1.0      # 1: GPU loads and evictions follow each model's recent demand (0: backlog only)
