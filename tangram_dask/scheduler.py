@@ -309,7 +309,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         now = self.now()
         old: dict[str, list[str]] = {}
         cpu: set[str] = set()
-        for spec, sf, t in list(waiting.values()):
+        for spec, sf, t in waiting.values():
             if (now - t) * self.options.time_scale >= self.warn_unplaceable_s:
                 old.setdefault(sf.reason, []).append(spec.kind)
                 if spec.resource == "cpu":

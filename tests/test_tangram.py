@@ -1312,16 +1312,22 @@ def test_a_model_keeps_the_replicas_that_keep_its_queueing_short(evict_wait, kee
         assert len(pol._evict_order(set(small), set())) == 2
 
 
-def _one_gpu_mix_shift(options: TangramOptions) -> list[tuple[float, str]]:
-    """benchmarks/residency.py's open stream by hand, replayed on its simulated clock (``replay``): one
-    GPU whose memory holds two of three 0.1 GB models (0.1 s loads), a call every 0.15 s of about
-    10 ms; for 4.5 s the mix is a, a, b, then b, c alternate. Returns each load: (time, model)."""
+def _residency_replay():
+    """benchmarks/residency.py's ``replay``: a stream of model calls through one policy on a simulated clock."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.residency import replay
 
+    return replay
+
+
+def _one_gpu_mix_shift(options: TangramOptions) -> list[tuple[float, str]]:
+    """benchmarks/residency.py's open stream by hand, replayed on its simulated clock (``replay``): one
+    GPU whose memory holds two of three 0.1 GB models (0.1 s loads), a call every 0.15 s of about
+    10 ms; for 4.5 s the mix is a, a, b, then b, c alternate. Returns each load: (time, model)."""
+    replay = _residency_replay()
     stream = [(i * 0.15, "rm-" + "aab"[i % 3]) for i in range(30)]
     stream += [(4.5 + i * 0.15, "rm-" + "bc"[i % 2]) for i in range(30)]
     loads, _ = replay("tangram", stream, gpus=1, per_gpu=2, load_s=0.1, call_s=0.01, hint_s=0.01, options=options)
@@ -1348,12 +1354,7 @@ def test_a_load_evicts_the_idle_model_not_the_busy_one_among_equally_free_gpus(s
     idle and equally free. ``site_rank`` takes the GPU whose replicas are the cheaper to lose (a's); before, the
     first GPU by index went (c's), and c was loaded back 0.1 s later. Over seeds 0-19 of the benchmark's own
     stream that thrash made 203 loads against 173 (fifo 262)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.residency import replay
-
+    replay = _residency_replay()
     stream = [(0.0, "rm-c"), (0.3, "rm-a")] + [(0.6 + i * 0.15, "rm-c") for i in range(13)]
     stream += [(2.6, "rm-b")] + [(2.7 + i * 0.15, "rm-c") for i in range(6)]
     loads, _ = replay("tangram", stream, gpus=2, per_gpu=1, load_s=0.1, call_s=0.01, hint_s=0.01,
