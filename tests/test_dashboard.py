@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -394,12 +395,12 @@ def test_the_pool_table_says_what_holds_a_waiting_models_replicas():
     assert "its replicas" in table.root.text and "GPUs serving another model" in table.root.text
 
 
-def test_close_stops_the_page_with_stop_async_where_bokeh_has_it(monkeypatch):
-    """Bokeh 3.10 (it needs Python 3.12; this venv's 3.11 gets 3.9) raises from ``stop()`` on the running loop and
-    offers ``stop_async``: the plugin's close awaits it, as distributed does for its own Bokeh server, and then
-    finishes the uninstall (menu entries, monitor). Bokeh 3.10's two methods stand in on the real 3.9 server.
-    The page must come after the Bokeh server (its own server): the preload's registration, which an earlier
-    test in this process may have made, is taken out for this test."""
+def _own_page_scheduler_close(monkeypatch, stop_async_body) -> tuple[bool, bool]:
+    """Start a Scheduler with the plugin and its page on its own Bokeh server, give that server Bokeh 3.10's
+    ``stop`` (it raises on the running loop) and ``stop_async`` (``stop_async_body(real)``: ``real`` awaits the
+    server's real stop), close the Scheduler; return whether the monitor and the menu entries are gone. The
+    preload's registration, which an earlier test in this process may have made, is taken out first: the page
+    must come after the Bokeh server."""
     from distributed import Scheduler
     from distributed.dashboard import scheduler as dashboard_scheduler
     from distributed.dashboard.scheduler import template_variables
@@ -408,8 +409,7 @@ def test_close_stops_the_page_with_stop_async_where_bokeh_has_it(monkeypatch):
 
     for path in _apps():
         monkeypatch.delitem(dashboard_scheduler.applications, path, raising=False)
-
-    calls: list[str] = []
+    out: list[bool] = []
 
     async def main() -> None:
         plugin = TangramSchedulerPlugin("tangram")
@@ -417,19 +417,53 @@ def test_close_stops_the_page_with_stop_async_where_bokeh_has_it(monkeypatch):
             inst = _installed[s]
             assert inst.bokeh is not None and inst.plots  # the page came after the Bokeh server: its own
             assert TangramMonitor.name in s.plugins
-            real_stop = inst.bokeh.stop
+            bokeh = inst.bokeh
+            has_async = callable(getattr(bokeh, "stop_async", None))  # Bokeh 3.10 on (Python 3.12 on)
+            real_stop, real_stop_async = bokeh.stop, getattr(bokeh, "stop_async", None)
+
+            async def real() -> None:
+                if has_async:
+                    await real_stop_async()
+                else:
+                    real_stop()
 
             def stop(wait: bool = True) -> None:  # bokeh 3.10.2's, on the running loop
                 raise RuntimeError("Cannot synchronously wait on a running event loop; use 'await stop_async()'")
 
             async def stop_async() -> None:
-                calls.append("stop_async")
-                real_stop()
+                await stop_async_body(real)
 
-            inst.bokeh.stop, inst.bokeh.stop_async = stop, stop_async
+            bokeh.stop, bokeh.stop_async = stop, stop_async
         assert s not in _installed
-        assert TangramMonitor.name not in s.plugins  # the uninstall went past the Bokeh server's stop
-        assert not [p for p in template_variables(s)["plots"] if p["url"].startswith("individual-tangram")]
+        out.append(TangramMonitor.name not in s.plugins)
+        out.append(not [p for p in template_variables(s)["plots"] if p["url"].startswith("individual-tangram")])
 
     asyncio.run(asyncio.wait_for(main(), 60))
+    return out[0], out[1]
+
+
+def test_close_stops_the_page_with_stop_async_where_bokeh_has_it(monkeypatch):
+    """Bokeh 3.10 (it needs Python 3.12; CI's 3.11 gets 3.9) raises from ``stop()`` on the running loop and offers
+    ``stop_async``: the plugin's close awaits it, as distributed does for its own Bokeh server, and then finishes
+    the uninstall (menu entries, monitor). Bokeh 3.10's two methods stand in on the real server of either version;
+    the stand-in ``stop_async`` stops it for real."""
+    calls: list[str] = []
+
+    async def body(real) -> None:
+        calls.append("stop_async")
+        await real()
+
+    assert _own_page_scheduler_close(monkeypatch, body) == (True, True)  # the monitor and the menu entries went
     assert calls == ["stop_async"]
+
+
+def test_close_uninstalls_the_rest_when_the_page_server_fails_to_stop(monkeypatch, caplog):
+    """A failure stopping the page's own Bokeh server is logged, and the close still removes the monitor and the
+    menu entries (and the Scheduler closes): the page does not outlive the plugin in the menu."""
+    async def body(real) -> None:
+        await real()
+        raise RuntimeError("stand-in: stop failed")
+
+    with caplog.at_level(logging.ERROR, logger="tangram_dask.dashboard"):
+        assert _own_page_scheduler_close(monkeypatch, body) == (True, True)
+    assert any("stopping the page's Bokeh server failed" in r.getMessage() and r.exc_info for r in caplog.records)

@@ -216,11 +216,14 @@ async def uninstall_dashboard(scheduler: Any) -> None:
         if a is not None and a in apps:
             apps.remove(a)
     if inst.bokeh is not None:
-        stop_async = getattr(inst.bokeh, "stop_async", None)
-        if callable(stop_async):
-            await stop_async()
-        else:
-            inst.bokeh.stop()
+        try:
+            stop_async = getattr(inst.bokeh, "stop_async", None)
+            if callable(stop_async):
+                await stop_async()
+            else:
+                inst.bokeh.stop()
+        except Exception:  # the page's own server: the rest of the uninstall (menu, monitor) still goes
+            logger.exception("tangram dashboard: stopping the page's Bokeh server failed; uninstalling the rest")
     if inst.plots:
         from distributed.dashboard.scheduler import template_variables
         plots = template_variables(scheduler)["plots"]
