@@ -518,6 +518,79 @@ def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
 
 
+def _variant(family: str, name: str, **changes):
+    """A named variant of benchmarks/variants.py as (workload spec, cluster spec), with ``changes`` to its dict."""
+    import benchmarks.variants as V
+    from tangram_dask.cluster import parse_cluster
+    from tangram_dask.workload import parse_workload
+
+    wd, cd = next((w, c) for w, c in V.family(family, False) if w["name"] == name)
+    wd = V.as_steps(wd, changes.pop("steps", 1))
+    wd.update(changes)
+    return parse_workload(wd, wd["name"]), parse_cluster(cd, cd["name"])
+
+
+def test_a_load_beside_two_of_its_model_loading_leaves_every_deployed_model_a_free_replica():
+    """``safe_loads`` = 2 (the default): a load made while two replicas of its model are loading is a forecast's
+    too (those two serve the calls waiting now), so ``at_once_safe``'s test applies to it. On ``gpu-prm-always``
+    (benchmarks/variants.py: the process reward model on 85% of turns, 12 GPUs) the warm-up loaded five
+    process-reward replicas in 6.4 s. The third went beside the 8B judge's only replica, the fifth beside the
+    vision judge's second replica while loads held the first. Both judges' first calls then waited for the
+    30 s loads (up to 26 s); the 8B judge was loaded again elsewhere. Without those loads the judges' calls,
+    the process reward model's own calls and the mean ACT are all shorter. Audited."""
+    from tangram_dask.policy import initial_replicas
+    from tangram_dask.policy.types import Load
+
+    wl, cl = _variant("gpu", "gpu-prm-always")
+    gen = generate(wl)
+    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(safe_loads=x)) for x in (2, 0)}
+    deployed = {(r.node, g): r.model for r in initial_replicas(cl, wl) for g in r.gpus}
+
+    def warm_up_loads(run, model):
+        return [(d.node, d.gpus) for t, d in run.decisions if isinstance(d, Load) and d.model == model and t < 30.0]
+
+    def beside(sites, model):
+        return [(n, gs) for n, gs in sites if any(deployed.get((n, g)) == model for g in gs)]
+
+    on, off = warm_up_loads(runs[2], "prm"), warm_up_loads(runs[0], "prm")
+    assert beside(off, "rm-8b") and not beside(on, "rm-8b")  # beside the 8B judge's only replica: not made
+    assert len(beside(off, "vlm-judge")) == 3 and len(beside(on, "vlm-judge")) == 2  # nor beside its last free one
+    assert warm_up_loads(runs[0], "rm-8b") and not warm_up_loads(runs[2], "rm-8b")  # no 8B judge loaded again
+    kinds = [k.kind for k in wl.kinds]
+    for k in ("judge_small", "vision_judge", "prm_score"):
+        sel = gen.kind == kinds.index(k)
+        assert runs[2].act[sel].mean() < runs[0].act[sel].mean(), k
+    assert runs[2].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"] - 0.1
+
+
+def test_the_loads_held_back_in_a_step_go_once_it_has_ended():
+    """``lull_loads`` (the default): the loads ``at_once_safe`` held back during a step go once its last trajectory
+    has ended, on the sites they were held back from, evicting nothing; no call waits then, and the next step
+    starts with them. On ``gpux-107`` (8 GPUs) run as three steps, a process-reward load beside the vision
+    judge's only replica is held back at t = 13 s; with ``lull_loads`` it goes at the first step's end, and the two
+    later steps' calls wait less. Without it the later steps run on the first step's layout. Audited."""
+    from tangram_dask.policy.types import Load
+
+    wl, cl = _variant("gpux", "gpux-107", steps=3, seed=1107)
+    gen = generate(wl)
+    runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(lull_loads=x)) for x in (1, 0)}
+    end1 = runs[1].result.step_end[0]
+    assert runs[0].result.step_end[0] == end1  # the first step is the same either way: the loads come after it
+
+    def at(run, t):
+        return [d for s, d in run.decisions if isinstance(d, Load) and s == t]
+
+    lull = at(runs[1], end1)
+    assert lull and all(d.model == "prm" and not d.evict for d in lull)
+    assert not at(runs[0], end1)
+    start2 = runs[1].result.step_start[1]
+    assert runs[0].result.step_start[1] == start2
+    later = runs[1].result.issue >= start2  # the same actions in both runs: those of steps 2 and 3
+    assert (later == (runs[0].result.issue >= start2)).all()
+    assert runs[1].act[later].mean() < runs[0].act[later].mean()
+    assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
+
+
 def _three_steps(workload: str, cluster: str, option: str, value: float):
     """The file run as three steps (30 s of training between them) with ``option`` at ``value`` and at 0:
     both see a lull at each step's end and decide the first step alike. Returns the two runs, static's

@@ -148,8 +148,13 @@ class GpuPlacement:
                 return False
             self._waited_site = None
             site = self._load_site(model, spec)
-            if extra and site is not None and self.opt.at_once_safe and self._stalls_deployed(model, site):
-                # plan_at_once's extra load would leave a deployed model with no replica free: it waits
+            if ((extra or (self.opt.safe_loads and loading >= self.opt.safe_loads)) and site is not None
+                    and self.opt.at_once_safe and self._stalls_deployed(model, site)):
+                # plan_at_once's extra load, or one made beside safe_loads loads of its model under way (a forecast's
+                # too: those serve the calls waiting now), would leave a deployed model with no replica free: it
+                # waits, and with lull_loads it goes once the step has ended, if nothing took its site meanwhile
+                if self.opt.lull_loads:
+                    self._deferred.setdefault(model, {})[(site[0], site[1])] = spec
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return False
             if site is None and self._waited_site is not None:
@@ -209,6 +214,27 @@ class GpuPlacement:
         self._loading[d.replica] = model
         self.loads_ahead += 1
         out.append(d)
+
+    def _deferred_loads(self, now: float, out: list[Decision]) -> None:
+        """``lull_loads``: a step's last trajectory ended, so no call waits and no deployed model is left to
+        stall; the loads ``at_once_safe`` held back during the step go now, each on the site it was held back
+        from, where its GPUs are idle, hold no replica of its model and have the memory without an eviction.
+        Between RL steps the GPUs are idle for the trainer's ``train_time_s``: the next step starts with the
+        replicas the last one's forecast asked for. Without it, every later step ran on the first step's
+        leaner layout: at three steps, ``safe_loads`` alone cost gpux ACT/ideal +0.008 (docs/scheduling.md)."""
+        deferred, self._deferred = self._deferred, {}
+        gp = self.gpu
+        for model, sites in deferred.items():
+            ms = self.models.get(model)
+            for (node, gpus), spec in sites.items():
+                st = gp.nodes.get(node)  # the worker may have left, or come back another shape, since
+                if ms is None or st is None or max(gpus) >= len(st.gpus) or any(
+                        st.gpus[i].busy or any(gp.replicas[r].model == model for r in st.gpus[i].replicas)
+                        for i in gpus):
+                    continue
+                if gp.eviction_plan(node, gpus, ms.gpu_memory_gb / len(gpus), []) is None:
+                    continue
+                self._begin_load(model, (node, gpus, []), now, out)
 
     def _replica_ready(self, replica: ReplicaId, now: float) -> None:
         self._loading.pop(replica, None)

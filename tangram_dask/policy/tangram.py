@@ -109,6 +109,10 @@ class TangramOptions:
                                 # not one per action of it waiting
     at_once_safe: float = 1.0   # 1 (with plan_at_once): its loads beyond one per waiting action never leave a deployed
                                 # model whose demand the warm-up cannot measure yet with no replica free of loads
+    safe_loads: float = 2.0     # >0 (with at_once_safe): so neither does any load made while this many replicas of
+                                # its model are loading (those serve the calls waiting now: one more is a forecast's)
+    lull_loads: float = 1.0     # 1 (with at_once_safe): once a step's last trajectory ended, the loads at_once_safe
+                                # held back during it go, on the same sites, where they evict nothing
     gpu_lean: float = 4.0       # >0: the six above and admission_gpu_lean only on a cluster that leans to GPUs,
                                 # CPU slots <= this x GPUs (0: on every cluster)
     admission_gpu_lean: float = 0.55  # >0: admission_gpu (and admission_api) where the per-model gate applies and
@@ -269,6 +273,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
+        # lull_loads: model -> {(node, GPUs): a call's spec} of the loads at_once_safe held back in this step
+        self._deferred: dict[str, dict[tuple[str, tuple[int, ...]], ActionSpec]] = {}
+        self._lull_due = False  # a step ended with loads held back: they go in the next pass
         self._shapes: dict[tuple, tuple[list, list, int]] = {}  # _replica_shapes, until the nodes or models change
         self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec
         self._site_score: tuple | None = None  # _load_site's score of the site it chose (residency)
@@ -337,6 +344,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self.ended_work[i] += x
             if not self.admitted and not self.admission_queue and self.ended_n >= self.opt.admission_warmup:
                 self.lulls += 1  # a whole step ended (steps_knee, steps_gpu_lean)
+                self._lull_due = bool(self._deferred)
         t0 = self.traj_start.pop(trajectory, None)
         if t0 is not None:
             self.traj_n += 1
@@ -574,6 +582,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._drain_gpu(pool, now, out)
         if gpu:
             self._drain_gpus(gpu, now, out)
+        if self._lull_due:
+            self._lull_due = False
+            if self.opt.lull_loads and self.opt.background_load:
+                self._deferred_loads(now, out)
         if (self.opt.load_ahead or (self.opt.ahead_tools and self._tool_models)) and self.opt.background_load \
                 and self.gpu.idle:
             self._plan_ahead(now, out)
