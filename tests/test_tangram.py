@@ -487,22 +487,29 @@ def test_the_warm_up_loads_every_replica_it_plans_for_a_tool_model_at_once():
     assert runs[1].metrics["step_s"] < runs[0].metrics["step_s"]
 
 
+def _variant(family: str, name: str, **changes):
+    """A named variant of benchmarks/variants.py as (workload spec, cluster spec), with ``changes`` to its dict."""
+    import benchmarks.variants as V
+    from tangram_dask.cluster import parse_cluster
+    from tangram_dask.workload import parse_workload
+
+    wd, cd = next((w, c) for w, c in V.family(family, False) if w["name"] == name)
+    wd = V.as_steps(wd, changes.pop("steps", 1))
+    wd.update(changes)
+    return parse_workload(wd, wd["name"]), parse_cluster(cd, cd["name"])
+
+
 def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
     """``at_once_safe`` (the default): a load ``plan_at_once`` adds beyond one per waiting call is a forecast's,
     so it is not made where it would leave a deployed model (whose demand the warm-up cannot measure yet) with
     no replica free of loads. On ``gpux-103`` (benchmarks/variants.py, 8 GPUs) the process reward model's
     third replica went at t = 14.2 s beside the 8B judge's one replica, whose first calls then waited for the
     30 s load. Without that load the 8B judge's calls, and the mean ACT, are shorter. Audited."""
-    import benchmarks.variants as V
-    from tangram_dask.cluster import parse_cluster
     from tangram_dask.policy import initial_replicas
     from tangram_dask.policy.types import Load
-    from tangram_dask.workload import parse_workload
 
-    wd, cd = next((w, c) for w, c in V.family("gpux", False) if w["name"] == "gpux-103")
-    wl = parse_workload(wd, wd["name"])
+    wl, cl = _variant("gpux", "gpux-103")
     gen = generate(wl)
-    cl = parse_cluster(cd, cd["name"])
     runs = {x: simulate(gen, cl, "tangram", options=TangramOptions(at_once_safe=x)) for x in (1, 0)}
     deployed = {(r.node, g): r.model for r in initial_replicas(cl, wl) for g in r.gpus}
 
@@ -516,18 +523,6 @@ def test_the_warm_ups_extra_loads_leave_every_deployed_model_a_free_replica():
     judge = gen.kind == [k.kind for k in wl.kinds].index("judge_small")
     assert runs[1].act[judge].mean() < runs[0].act[judge].mean() - 1.0
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
-
-
-def _variant(family: str, name: str, **changes):
-    """A named variant of benchmarks/variants.py as (workload spec, cluster spec), with ``changes`` to its dict."""
-    import benchmarks.variants as V
-    from tangram_dask.cluster import parse_cluster
-    from tangram_dask.workload import parse_workload
-
-    wd, cd = next((w, c) for w, c in V.family(family, False) if w["name"] == name)
-    wd = V.as_steps(wd, changes.pop("steps", 1))
-    wd.update(changes)
-    return parse_workload(wd, wd["name"]), parse_cluster(cd, cd["name"])
 
 
 def test_a_load_beside_two_of_its_model_loading_leaves_every_deployed_model_a_free_replica():
