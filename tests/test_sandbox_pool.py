@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 
@@ -284,3 +285,43 @@ def test_an_action_that_changes_its_writable_places_leaves_nothing_to_the_next(p
     for _ in range(4):
         r = run_code(look, pool=pool)
         assert r.stdout == fresh.stdout, (change, r.stdout, fresh.stdout)
+
+
+def test_a_pool_removes_the_roots_of_pools_whose_worker_died_and_no_other():
+    """A pool that makes its own root holds an owner lock in it (``flock``, as distributed's ``WorkSpace`` does
+    for worker directories) and, on start, removes the roots of pools whose lock is free: their worker was killed
+    before ``close()`` (the tests that kill workers left about four a run in /tmp). A root whose lock a live pool
+    holds, one with no lock file, and one whose lock is younger than ``STALE_AFTER_S`` are left."""
+    import fcntl
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from tangram_dask.sandbox.pool import OWNER_LOCK, STALE_AFTER_S
+
+    def root(lock: bool, age_s: float) -> Path:
+        d = Path(tempfile.mkdtemp(prefix=SandboxPool.root_prefix + "test-", dir="/tmp"))
+        (d / "boxes" / "b1").mkdir(parents=True)
+        if lock:
+            f = d / OWNER_LOCK
+            f.touch()
+            t = time.time() - age_s
+            os.utime(f, (t, t))
+        return d
+
+    dead, alive, unlocked, young = (root(True, 3600), root(True, 3600), root(False, 3600),
+                                    root(True, STALE_AFTER_S / 2))
+    held = os.open(alive / OWNER_LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a live pool's lock (another open file: flock conflicts across them)
+    try:
+        with SandboxPool(backend="process", size=1) as p:
+            mine = p.root
+            assert (mine / OWNER_LOCK).is_file()
+            assert not dead.exists()
+            assert alive.exists() and unlocked.exists() and young.exists()
+            assert mine.exists()
+        assert not mine.exists()
+    finally:
+        os.close(held)
+        for d in (dead, alive, unlocked, young):
+            shutil.rmtree(d, ignore_errors=True)

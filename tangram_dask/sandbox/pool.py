@@ -17,6 +17,7 @@ thread ever starts one.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
@@ -129,6 +130,7 @@ class SandboxPool:
         self.root: Path | None = None
         self.workspaces: Workspaces | None = None
         self._own_root = False
+        self._lock_fd: int | None = None  # the root's owner lock (lock_root), held while the pool lives
         self._cond = threading.Condition()
         self._ready: deque[Sandbox] = deque()
         self._boxes: set[Sandbox] = set()
@@ -163,6 +165,11 @@ class SandboxPool:
         if self.options.root is None:
             self.root = default_root(uid, self.root_prefix, process=backend.name == "process")
             self._own_root = True
+            self._lock_fd = lock_root(self.root)
+            gone = purge_stale_roots(self.root.parent, keep=self.root)
+            if gone:
+                logger.info("tangram sandbox pool: removed %d root(s) left by pools whose worker died: %s",
+                            len(gone), ", ".join(map(str, gone)))
         else:
             self.root = Path(self.options.root)
             self.root.mkdir(parents=True, exist_ok=True)
@@ -231,6 +238,9 @@ class SandboxPool:
             t.join(timeout=10)
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> "SandboxPool":
         return self.start()
@@ -476,6 +486,62 @@ def default_root(uid: int | None, prefix: str = SandboxPool.root_prefix, *, proc
         return root
     raise SandboxError(f"no safe directory for the sandbox root ({'; '.join(reasons)}); pass root= a directory "
                        "only this worker's user may write, which the code's uid may traverse (chmod 0711)")
+
+
+#: in a root the pool made: the file whose flock the pool holds for its life (lock_root)
+OWNER_LOCK = ".owner.lock"
+#: a root's lock younger than this is never taken as stale (its pool may be between making it and locking it)
+STALE_AFTER_S = 60.0
+
+
+def lock_root(root: Path) -> int | None:
+    """Hold an exclusive ``flock`` on ``root/.owner.lock`` for the pool's life; the fd, or None where the file system
+    has no flock. The lock ends with the process: a root whose lock can be taken belongs to no live pool (as
+    distributed's ``WorkSpace`` tells its stale worker directories)."""
+    try:
+        fd = os.open(root / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        logger.debug("tangram sandbox pool: no owner lock in %s (%s)", root, e)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        logger.debug("tangram sandbox pool: no owner lock in %s (%s)", root, e)
+        return None
+    return fd
+
+
+def purge_stale_roots(base: Path, keep: Path, prefix: str = SandboxPool.root_prefix) -> list[Path]:
+    """Remove the roots under ``base`` that pools made (``prefix``, owned by this uid, with an owner lock older than
+    ``STALE_AFTER_S``) whose lock can be taken: their worker died without closing them (SIGKILL, OOM). A root with
+    no lock file (made by another program, or before the lock existed), of another uid, or whose lock is held, is
+    left. Returns those removed; never raises."""
+    removed: list[Path] = []
+    me, now = os.geteuid(), time.time()
+    try:
+        candidates = [d for d in base.iterdir() if d.name.startswith(prefix) and d != keep]
+    except OSError:
+        return removed
+    for d in candidates:
+        fd = None
+        try:
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
+            lst = os.lstat(d / OWNER_LOCK)
+            if not stat.S_ISREG(lst.st_mode) or lst.st_uid != me or now - lst.st_mtime < STALE_AFTER_S:
+                continue
+            fd = os.open(d / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live pool: BlockingIOError, left
+            shutil.rmtree(d, ignore_errors=True)  # under the lock: another pool purging too skips it
+            removed.append(d)
+        except OSError:
+            continue
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
 
 
 def _unsafe_parent(base: str, uid: int | None) -> str:
