@@ -179,6 +179,9 @@ class SandboxPool:
         except BaseException:
             if self._own_root:
                 shutil.rmtree(self.root, ignore_errors=True)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
             raise
         self.backend = backend
         self.workspaces = Workspaces(self.root / "trajectories", uid, self.options.trajectory_ttl_s)
