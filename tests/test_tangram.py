@@ -586,7 +586,6 @@ def test_the_loads_held_back_in_a_step_go_once_it_has_ended():
     assert runs[1].metrics["act_mean_s"] < runs[0].metrics["act_mean_s"]
 
 
-
 def test_a_held_back_load_whose_node_left_or_whose_site_filled_is_dropped_at_the_lull():
     """``lull_loads``' loads are checked again when they go: a site on a node that has left the cluster (or came
     back smaller), or whose GPUs no longer have the memory, is dropped, with no error and no decision; a site
@@ -597,9 +596,8 @@ def test_a_held_back_load_whose_node_left_or_whose_site_filled_is_dropped_at_the
     cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 2, 80.0, (2,)), GpuNode("gpu-1", 2, 80.0, (2,))), 2.0, 0)
     models = {"m": ModelSpec("m", 60.0, 30.0), "big": ModelSpec("big", 70.0, 30.0)}
     pol = TangramPolicy(cluster, models, ())
-    spec = make_spec("score", "gpu", 1, model="m", hint_s=1.0)
     pol.remove_node("gpu-1")
-    pol._deferred = {"m": {("gpu-1", (0,)): spec, ("gpu-0", (5,)): spec, ("gpu-0", (0,)): spec, ("gpu-0", (1,)): spec}}
+    pol._deferred = {"m": dict.fromkeys([("gpu-1", (0,)), ("gpu-0", (5,)), ("gpu-0", (0,)), ("gpu-0", (1,))])}
     pol._lull_due = True
     loads = [d for d in pol.schedule(0.0) if isinstance(d, Load)]
     assert [(d.node, d.gpus, d.evict) for d in loads] == [("gpu-0", (0,), ()), ("gpu-0", (1,), ())]  # gpu-1 left,
@@ -609,9 +607,10 @@ def test_a_held_back_load_whose_node_left_or_whose_site_filled_is_dropped_at_the
         p = TangramPolicy(cluster, models, ())
         p._begin_load(held, ("gpu-0", (0,), []), 0.0, [])
         p.loaded(next(iter(p.gpu.replicas)), 1.0)
-        p._deferred = {"m": {("gpu-0", (0,)): spec}}
+        p._deferred = {"m": dict.fromkeys([("gpu-0", (0,))])}
         p._lull_due = True
         assert not [d for d in p.schedule(2.0) if isinstance(d, Load)], held
+
 
 def _three_steps(workload: str, cluster: str, option: str, value: float):
     """The file run as three steps (30 s of training between them) with ``option`` at ``value`` and at 0:

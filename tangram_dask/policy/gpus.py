@@ -154,7 +154,7 @@ class GpuPlacement:
                 # too: those serve the calls waiting now), would leave a deployed model with no replica free: it
                 # waits, and with lull_loads it goes once the step has ended, if nothing took its site meanwhile
                 if self.opt.lull_loads:
-                    self._deferred.setdefault(model, {})[(site[0], site[1])] = spec
+                    self._deferred.setdefault(model, {})[(site[0], site[1])] = None  # a set, in the order held back
                 pool.blocked = ("waiting for a replica of {model} to load", spec, gp.idle)
                 return False
             if site is None and self._waited_site is not None:
@@ -226,15 +226,17 @@ class GpuPlacement:
         gp = self.gpu
         for model, sites in deferred.items():
             ms = self.models.get(model)
-            for (node, gpus), spec in sites.items():
+            if ms is None:
+                continue
+            for node, gpus in sites:
                 st = gp.nodes.get(node)  # the worker may have left, or come back another shape, since
-                if ms is None or st is None or max(gpus) >= len(st.gpus) or any(
-                        st.gpus[i].busy or any(gp.replicas[r].model == model for r in st.gpus[i].replicas)
-                        for i in gpus):
+                if st is None or max(gpus) >= len(st.gpus):
                     continue
-                if gp.eviction_plan(node, gpus, ms.gpu_memory_gb / len(gpus), []) is None:
+                if any(st.gpus[i].busy or any(gp.replicas[r].model == model for r in st.gpus[i].replicas)
+                       for i in gpus):
                     continue
-                self._begin_load(model, (node, gpus, []), now, out)
+                if gp.eviction_plan(node, gpus, ms.gpu_memory_gb / len(gpus), []) is not None:  # fits as it is
+                    self._begin_load(model, (node, gpus, []), now, out)
 
     def _replica_ready(self, replica: ReplicaId, now: float) -> None:
         self._loading.pop(replica, None)

@@ -273,8 +273,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model
-        # lull_loads: model -> {(node, GPUs): a call's spec} of the loads at_once_safe held back in this step
-        self._deferred: dict[str, dict[tuple[str, tuple[int, ...]], ActionSpec]] = {}
+        # lull_loads: model -> the sites (node, GPUs) of the loads at_once_safe held back in this step, in that order
+        self._deferred: dict[str, dict[tuple[str, tuple[int, ...]], None]] = {}
         self._lull_due = False  # a step ended with loads held back: they go in the next pass
         self._shapes: dict[tuple, tuple[list, list, int]] = {}  # _replica_shapes, until the nodes or models change
         self._ahead_spec: dict[str, ActionSpec] = {}  # load_ahead: per model, its last action's spec

@@ -179,9 +179,7 @@ class SandboxPool:
         except BaseException:
             if self._own_root:
                 shutil.rmtree(self.root, ignore_errors=True)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release_lock()
             raise
         self.backend = backend
         self.workspaces = Workspaces(self.root / "trajectories", uid, self.options.trajectory_ttl_s)
@@ -241,6 +239,10 @@ class SandboxPool:
             t.join(timeout=10)
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        """Let the root's owner lock go (``lock_root``): after the root is removed, or where it could not be set up."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -501,18 +503,16 @@ def lock_root(root: Path) -> int | None:
     """Hold an exclusive ``flock`` on ``root/.owner.lock`` for the pool's life; the fd, or None where the file system
     has no flock. The lock ends with the process: a root whose lock can be taken belongs to no live pool (as
     distributed's ``WorkSpace`` tells its stale worker directories)."""
+    fd = None
     try:
         fd = os.open(root / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        logger.debug("tangram sandbox pool: no owner lock in %s (%s)", root, e)
-        return None
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
     except OSError as e:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         logger.debug("tangram sandbox pool: no owner lock in %s (%s)", root, e)
         return None
-    return fd
 
 
 def purge_stale_roots(base: Path, keep: Path, prefix: str = SandboxPool.root_prefix) -> list[Path]:
