@@ -247,6 +247,17 @@ GPU_CASES = [
                  {"mem_free": [40, 80, 30, 30], "busy": [False, False, True, True], "idle": 2,
                   "idle_in_group": [2, 0], "ready": {"A": [0], "B": []}, "resident": [0, 1]},
                  id="acquire-elsewhere-keeps-ready"),
+    # A on 0,1 and B on 2,3 both serve: no GPU idle, the node leaves the index of nodes with one
+    pytest.param([("place", "A", (0, 1), 40.0), ("place", "B", (2, 3), 100.0), ("acquire", 0), ("acquire", 1)],
+                 {"mem_free": [60, 60, 30, 30], "busy": [True] * 4, "idle": 0,
+                  "idle_in_group": [0, 0], "ready": {"A": [], "B": []}, "resident": [0, 1]},
+                 id="acquire-every-gpu"),
+    # ... and one of them ends: back in it
+    pytest.param([("place", "A", (0, 1), 40.0), ("place", "B", (2, 3), 100.0), ("acquire", 0), ("acquire", 1),
+                  ("release", 1)],
+                 {"mem_free": [60, 60, 30, 30], "busy": [True, True, False, False], "idle": 2,
+                  "idle_in_group": [0, 2], "ready": {"A": [], "B": [1]}, "resident": [0, 1]},
+                 id="release-after-every-gpu"),
     # evict A from GPU 0: its 40 GB come back, it is gone from every set
     pytest.param([("place", "A", (0,), 40.0), ("evict", 0)],
                  {"mem_free": [80, 80, 80, 80], "busy": [False] * 4, "idle": 4, "idle_in_group": [2, 2],
@@ -263,6 +274,7 @@ def test_gpu_pool(ops, want):
     pool, rids = gpu_pool(ops)
     assert gpu_view(pool, rids) == want
     assert pool.nodes["g"].most_idle == max(want["idle_in_group"])  # what the load site search reads per node
+    assert list(pool.idle_nodes) == (["g"] if want["idle"] else [])  # the nodes it visits where few are idle
 
 
 def test_gpu_cross_group_flag_and_by_model():
@@ -347,6 +359,9 @@ def test_gpu_remove_and_initial():
     # h's 2 GPUs leave the total; both were busy, so idle stays 4 (g's)
     assert (pool.total, pool.idle, list(pool.by_model["A"]), list(pool.ready["A"])) == (4, 4, [0], [0])
     pool.release(rid_h, 2.0)  # the replica's node left: harmless
+    assert (list(pool.idle_nodes), pool.order) == (["g"], {"g": 0})
+    pool.add(GpuNode("h", 2, 40.0, (2,)))  # back: after g in node order, as in ``nodes``
+    assert (list(pool.idle_nodes), pool.order, list(pool.nodes)) == (["g", "h"], {"g": 0, "h": 2}, ["g", "h"])
     with pytest.raises(ValueError, match="already known"):
         pool.add(NODE)
 

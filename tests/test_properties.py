@@ -368,3 +368,71 @@ def test_ready_replica_ends_early_with_the_same_choice(replicas, busy, lo, extra
                 pol.gpu.acquire(rids[i], 0.0)
     spec = ActionSpec("prm_call", "gpu", lo, lo + extra, 0.8, 1.0, "t0", "prm")
     assert pol._ready_replica("prm", spec) == _ready_replica_naive(pol, "prm", spec)
+
+
+def _load_site_policy(replicas, busy, nodes: int, scan: float):
+    """A tangram policy on ``nodes`` nodes of 4 GPUs of 80 GB in two 2-GPU groups, with ``replicas``
+    ((model, node, first GPU, GPUs)) resident and those indexed by ``busy`` serving."""
+    from tangram_dask.cluster import ClusterSpec, GpuNode, ModelSpec
+    from tangram_dask.policy import TangramOptions, TangramPolicy
+    from tangram_dask.policy.types import ReplicaSpec
+
+    gpu_nodes = tuple(GpuNode(f"gpu-{n}", 4, 80.0, (2, 2)) for n in range(nodes))
+    models = {"prm": ModelSpec("prm", 30.0, 10.0), "judge": ModelSpec("judge", 50.0, 10.0),
+              "big": ModelSpec("big", 140.0, 30.0), "aux": ModelSpec("aux", 30.0, 10.0)}
+    specs, free = [], {}
+    for m, n, i, k in replicas:  # those that fit, in the order given
+        gpus = tuple(range(i, min(i + k, 4)))
+        share = models[m].gpu_memory_gb / len(gpus)
+        if all(free.get((n % nodes, g), 80.0) >= share for g in gpus):
+            for g in gpus:
+                free[(n % nodes, g)] = free.get((n % nodes, g), 80.0) - share
+            specs.append(ReplicaSpec(m, f"gpu-{n % nodes}", gpus))
+    pol = TangramPolicy(ClusterSpec("g", (), gpu_nodes, 2.0, 0), models, specs,
+                        options=TangramOptions(site_scan=scan))
+    rids = list(pol.gpu.replicas)
+    for i in sorted(busy):
+        if i < len(rids):
+            r = pol.gpu.replicas[rids[i]]
+            st_ = pol.gpu.nodes[r.node]
+            if not r.busy and not any(st_.gpus[g].busy for g in r.gpus):
+                pol.gpu.acquire(rids[i], 0.0)
+    return pol
+
+
+@settings(max_examples=200, deadline=None)
+@given(replicas=st.lists(st.tuples(st.sampled_from(["prm", "judge"]), st.integers(0, 19), st.integers(0, 3),
+                                   st.integers(1, 2)), max_size=40),
+       open_=st.sets(st.integers(0, 19), max_size=2), busy=st.sets(st.integers(0, 99)),
+       model=st.sampled_from(["prm", "judge", "big"]))
+def test_load_site_over_the_idle_node_index_is_the_full_scan(replicas, open_, busy, model):
+    """Where few nodes have an idle GPU (of 20 nodes, at most 2: every GPU of the others serves a 30 GB
+    model), ``_load_site`` visits those from the ledger's index (``GpuPool.idle_nodes``), in node order; it
+    picks what visiting every node picks."""
+    from tangram_dask.spec import ActionSpec
+
+    fill = [("aux", n, i, 1) for n in range(20) if n not in open_ for i in range(4)]
+    pol = _load_site_policy(fill + replicas, set(range(len(fill))) | {len(fill) + i for i in busy}, 20, 0.0)
+    gp = pol.gpu
+    assert set(gp.idle_nodes) == {n for n, s in gp.nodes.items() if any(not g.busy for g in s.gpus)}
+    assert len(gp.idle_nodes) * 8 < len(gp.nodes)  # the index's path
+    spec = ActionSpec("call", "gpu", 1, 2, 0.8, 1.0, "t0", model)
+    fast = pol._load_site(model, spec)
+    gp.idle_nodes = dict.fromkeys(gp.nodes)  # every node: the full scan
+    assert pol._load_site(model, spec) == fast
+
+
+def test_a_load_ranks_site_scan_sites_and_no_more():
+    """``site_scan``: a load ranks at most that many sites that can take it, in node order. Three nodes of
+    four GPUs, a 50 GB judge on each; beside it a 30 GB model on the first two nodes' GPUs, none on the
+    last's: with every site ranked the 30 GB prm goes onto the last node, evicting nothing; with 2 ranked,
+    onto the first, evicting one replica."""
+    from tangram_dask.spec import ActionSpec
+
+    full = [("judge", n, i, 1) for n in range(3) for i in range(4)]
+    full += [("aux", n, i, 1) for n in range(2) for i in range(4)]  # 30 GB more: the GPUs of nodes 0 and 1 full
+    spec = ActionSpec("call", "gpu", 1, 1, 0.8, 1.0, "t0", "prm")
+    every = _load_site_policy(full, set(), 3, 0.0)._load_site("prm", spec)
+    two = _load_site_policy(full, set(), 3, 2.0)._load_site("prm", spec)
+    assert every[0] == "gpu-2" and every[2] == []
+    assert two[0] == "gpu-0" and len(two[2]) == 1

@@ -223,9 +223,14 @@ class GpuPool:
         self.ready: dict[str, dict[ReplicaId, None]] = {}  # idle replica on idle GPUs
         self.loading: dict[str, int] = {}  # per model: its replicas in a background load (loading_of)
         self.widest: dict[str, int] = {}  # per model: the most GPUs a replica of it has had (a bound, never lowered)
+        # the nodes with an idle GPU, and every node's place in ``nodes``: a load's site search visits those
+        # only, in node order, where they are few (a busy cluster of many nodes), not every node
+        self.idle_nodes: dict[str, None] = {}
+        self.order: dict[str, int] = {}
         self.total = 0
         self.idle = 0
         self._next_id = 0
+        self._next_node = 0
         for n in nodes:
             self.add(n)
 
@@ -234,11 +239,17 @@ class GpuPool:
             raise ValueError(f"GPU node {spec.name!r} is already known")
         gpus = [Gpu(spec.gpu_memory_gb, spec.gpu_memory_gb, g) for g in spec.group_of()]
         self.nodes[spec.name] = GpuNodeState(spec, gpus, list(spec.groups), max(spec.groups, default=0))
+        self.order[spec.name] = self._next_node
+        self._next_node += 1
+        if spec.gpus:
+            self.idle_nodes[spec.name] = None
         self.total += spec.gpus
         self.idle += spec.gpus
 
     def remove(self, name: str) -> list[ReplicaId]:
         st = self.nodes.pop(name)
+        self.order.pop(name)
+        self.idle_nodes.pop(name, None)
         gone = [rid for rid, r in self.replicas.items() if r.node == name]
         for rid in gone:
             r = self.replicas.pop(rid)
@@ -321,6 +332,8 @@ class GpuPool:
             for other in g.replicas:
                 self.ready[self.replicas[other].model].pop(other, None)
         st.most_idle = max(st.idle_in_group)
+        if not st.most_idle:
+            self.idle_nodes.pop(r.node, None)
         self.idle -= len(r.gpus)
 
     def release(self, rid: ReplicaId, now: float) -> None:
@@ -339,6 +352,7 @@ class GpuPool:
             st.idle_in_group[g.group] += 1
             touched.update(g.replicas)
         st.most_idle = max(st.idle_in_group)
+        self.idle_nodes[r.node] = None
         self.idle += len(r.gpus)
         for other in touched:
             self._refresh(self.replicas[other])

@@ -292,17 +292,24 @@ class Residency:
         self._loader_starved = not gp.by_model.get(model)
         self._site_score = None
         best = None
-        within, _, kmax = self._replica_shapes(ms, spec)
+        within, _, kmax, at = self._replica_shapes(ms, spec)
+        idle = gp.idle_nodes
+        if len(idle) * 8 < len(gp.nodes):  # a busy cluster of many nodes: those with an idle GPU, in node order
+            within = [e for node in sorted(idle, key=gp.order.__getitem__) for e in at[node]]
         # no site scores below (no stall, no eviction, no contention, the largest size): the first found ends
         # the search (a later one could only tie, and ties keep the first)
         floor = (0, 0, 0.0, -kmax)
+        scored, most = 0, self.opt.site_scan or math.inf
         for name, st, k in within:
             if st.most_idle < k:
                 continue  # no group with k idle GPUs (_idle_sites would yield nothing): most nodes, when busy
+            if scored >= most:
+                break  # site_scan sites ranked: the best of them
             share = ms.gpu_memory_gb / k
             for gpus, cands in self._idle_sites(name, st, k, waiting):
                 order = self._evict_order(cands, waiting)
                 plan = gp.eviction_plan(name, gpus, share, order)
+                scored += plan is not None
                 if plan is not None and self.opt.residency:
                     stalls = self._stalls(cands, plan)
                     if stalls and not self._loader_starved:
@@ -408,10 +415,10 @@ class Residency:
                 best = (name, gpus, t)
         return best
 
-    def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list, int]:
-        """``(within, spanning, kmax)``: ``within`` the (node, state, GPUs per replica) to try within a topology
+    def _replica_shapes(self, ms, spec: ActionSpec) -> tuple[list, list, int, dict]:
+        """``(within, spanning, kmax, at)``: ``within`` the (node, state, GPUs per replica) to try within a topology
         group (``spanning``: the nodes where the smallest replica spans groups, ``_spanning_site``; ``kmax``:
-        the most GPUs of a replica in ``within``);
+        the most GPUs of a replica in ``within``; ``at``: node -> its entries of ``within``);
         the smallest replica that fits the node's GPUs (WORKLOAD.md's size) and, with ``residency`` and
         ``wide_replicas`` (opt-in, beyond the contract), also one of ``units.max`` GPUs within one group.
 
@@ -426,19 +433,22 @@ class Residency:
             shapes = self._shapes[key] = self._shapes_of(ms, spec)
         return shapes
 
-    def _shapes_of(self, ms, spec: ActionSpec) -> tuple[list, list, int]:
-        """``_replica_shapes``: ``(within, spanning, kmax)``, the sites to try within a topology group, the
-        nodes where the smallest replica spans groups (``_spanning_site``), with its GPUs, and the most
-        GPUs of a replica within a group."""
+    def _shapes_of(self, ms, spec: ActionSpec) -> tuple[list, list, int, dict]:
+        """``_replica_shapes``: ``(within, spanning, kmax, at)``, the sites to try within a topology group, the
+        nodes where the smallest replica spans groups (``_spanning_site``), with its GPUs, the most
+        GPUs of a replica within a group, and each node's entries of the first."""
         within, spanning = [], []
+        at: dict[str, list] = {}
         for name, st in self.gpu.nodes.items():
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
             within.append((name, st, k))
+            at[name] = [within[-1]]
             if self.opt.residency and self.opt.wide_replicas and spec.units_max > k:
                 within.append((name, st, spec.units_max))
+                at[name].append(within[-1])
             if max(st.spec.groups) < k <= st.spec.gpus:
                 spanning.append((name, st, k))
-        return within, spanning, max((k for _, _, k in within), default=0)
+        return within, spanning, max((k for _, _, k in within), default=0), at
 
     def _unseen_deployed(self, model: str) -> bool:
         """Resident before the step, and fewer than 8 trajectories ended: its demand (rewards come
