@@ -79,9 +79,11 @@ CASES = [
     ("trajectory state keeps one cpu worker",
      pools(), (), (cpu_node("c1", homes=3), cpu_node("c2")), {"c1": "cpu", "c2": "cpu"},
      {"cpu": 1, "gpu-1x24": 0, "gpu-4x80": 0}, 0),
+    # two actions of 0.1 s of work ask for one worker; the two whose replicas they need are both kept
     ("a replica that waiting actions need pins its worker",
-     pools(rm_small=(1, 0, 1, 0.1)), (), (gpu_node("g1", needed=1, replicas=1), gpu_node("g2")),
-     {"g1": "gpu-1x24", "g2": "gpu-1x24"}, {"cpu": 0, "gpu-1x24": 1, "gpu-4x80": 0}, 0),
+     pools(rm_small=(2, 0, 2, 0.2)), (),
+     (gpu_node("g1", needed=1, replicas=1), gpu_node("g2", needed=1, replicas=1), gpu_node("g3")),
+     {"g1": "gpu-1x24", "g2": "gpu-1x24", "g3": "gpu-1x24"}, {"cpu": 0, "gpu-1x24": 2, "gpu-4x80": 0}, 0),
     ("unknown model demand is reported, not guessed",
      pools(rm_unknown=(5, 0, 5, 5.0)), (), (), {}, {"cpu": 0, "gpu-1x24": 0, "gpu-4x80": 0}, 1),
     ("no estimate yet: one unit per waiting unit",

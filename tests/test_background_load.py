@@ -211,7 +211,14 @@ def test_a_background_load_that_did_not_fit_leaves_the_ledger_and_its_action_get
     assert pol.gpu.nodes[node].gpus[0].mem_free == pytest.approx(70.0) and not pol._loading
     again = [d for d in pol.schedule(1.0) if isinstance(d, (Load, Start))]
     assert len(again) == 1 and again[0].evict != ()  # now it evicts A's replica to make room
+    def state():
+        gp = pol.gpu
+        return ({rid: repr(r) for rid, r in gp.replicas.items()}, gp.idle, [g.mem_free for g in gp.nodes[node].gpus],
+                dict(pol._loading), {m: dict(r) for m, r in gp.ready.items()})
+
+    before = state()
     pol.load_failed(12345, 1.0)  # an unknown replica: nothing happens
+    assert state() == before and not pol.schedule(1.5)
 
 
 def test_an_inline_load_that_failed_leaves_the_ledger_when_its_action_ends():

@@ -139,12 +139,15 @@ def test_a_node_leaving_rejects_queued_actions_no_other_node_can_hold(name):
     assert "wide" in rejects and "the largest CPU worker has 2 slots" in rejects["wide"].reason
 
 
+@pytest.mark.parametrize("busy", [0, 6])
 @pytest.mark.parametrize("name", POLICIES)
-def test_a_wide_action_goes_to_the_node_that_can_hold_it(name):
+def test_a_wide_action_goes_to_the_node_that_can_hold_it(name, busy):
     """Nodes of 2 and 8 slots, dispatch-ahead 2: the 2-slot node may show as many free units as the
-    action needs (2 + 2 ahead) but can never hold 4 slots; no OverAllocation, it goes to the 8."""
+    action needs (2 + 2 ahead) but can never hold 4 slots; no OverAllocation, it goes to the 8. With
+    nothing running the 2-slot node comes first (fifo's first fit meets it); with 6 running, tangram
+    leaves both nodes at 4 free units (fifo fills the 2-slot node first)."""
     pol = policy(name, (2, 8), ahead=2)
-    for i in range(6):
+    for i in range(busy):
         pol.submit(f"busy{i}", cpu(1), 0.0)
     pol.schedule(0.0)
     pol.submit("wide", cpu(4), 0.0)

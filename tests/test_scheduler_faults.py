@@ -177,15 +177,30 @@ def test_an_oversized_action_errs_at_once_and_the_others_run(two_small_workers, 
     assert not plugin.policy.running and plugin.policy.cpu.slots_free == 4
 
 
-def test_timeout_s_errs_the_action_and_frees_its_units(two_small_workers):
+def _until(path: str, limit: float = 60.0) -> int:
+    """An action that runs until ``path`` exists (or ``limit`` seconds)."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 1
+
+
+def test_timeout_s_errs_the_action_and_frees_its_units(two_small_workers, tmp_path):
+    """The action runs until the test lets it go, after the error: the error can only be the timeout's
+    (without it ``result`` would raise its own TimeoutError after 30 s), and its units are free while its
+    function still runs on the worker."""
     client, plugin = two_small_workers
-    with tangram_dask.action(kind="stuck", resource="cpu", units=2, timeout_s=0.5):
-        stuck = client.submit(_sleep, 3.0, pure=False)
-    t0 = time.monotonic()
-    with pytest.raises(tangram_dask.PlacementError, match="ran past its timeout_s = 0.5 s"):
-        stuck.result(timeout=30)
-    assert time.monotonic() - t0 < 2.5  # well before the 3 s the action would take
-    assert not any(r.spec.kind == "stuck" for r in plugin.policy.running.values())
+    go = tmp_path / "go"
+    try:
+        with tangram_dask.action(kind="stuck", resource="cpu", units=2, timeout_s=0.5):
+            stuck = client.submit(_until, str(go), pure=False)
+        with pytest.raises(tangram_dask.PlacementError, match="ran past its timeout_s = 0.5 s"):
+            stuck.result(timeout=30)
+        assert not go.exists()  # still running on its worker
+        assert not any(r.spec.kind == "stuck" for r in plugin.policy.running.values())
+        assert plugin.policy.cpu.slots_free == 4
+    finally:
+        go.touch()  # the worker's thread ends
 
 
 def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):

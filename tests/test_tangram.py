@@ -594,7 +594,7 @@ def test_a_held_back_load_whose_node_left_or_whose_site_filled_is_dropped_at_the
     from tangram_dask.policy.types import Load
 
     cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 2, 80.0, (2,)), GpuNode("gpu-1", 2, 80.0, (2,))), 2.0, 0)
-    models = {"m": ModelSpec("m", 60.0, 30.0), "big": ModelSpec("big", 70.0, 30.0)}
+    models = {"m": ModelSpec("m", 30.0, 30.0), "big": ModelSpec("big", 70.0, 30.0)}
     pol = TangramPolicy(cluster, models, ())
     pol.remove_node("gpu-1")
     pol._deferred = {"m": dict.fromkeys([("gpu-1", (0,)), ("gpu-0", (5,)), ("gpu-0", (0,)), ("gpu-0", (1,))])}
@@ -603,7 +603,9 @@ def test_a_held_back_load_whose_node_left_or_whose_site_filled_is_dropped_at_the
     assert [(d.node, d.gpus, d.evict) for d in loads] == [("gpu-0", (0,), ()), ("gpu-0", (1,), ())]  # gpu-1 left,
     assert not pol._deferred and not pol._lull_due                                   # and gpu-0 has no GPU 5
 
-    for held in ("big", "m"):  # GPU 0 full (70 of its 80 GB), or already holding a replica of m: dropped
+    # GPU 0 without the memory (70 of its 80 GB held), or already holding a replica of m (which has the
+    # memory for a second one, 60 of 80 GB: only the rule drops it): dropped
+    for held in ("big", "m"):
         p = TangramPolicy(cluster, models, ())
         p._begin_load(held, ("gpu-0", (0,), []), 0.0, [])
         p.loaded(next(iter(p.gpu.replicas)), 1.0)
@@ -645,8 +647,15 @@ def test_after_a_whole_step_the_gpu_bound_gate_keeps_the_first_steps_target():
                                             "resources/variants/cluster-gpu-mixed.yaml", "steps_gpu_lean", 0.5)
     assert on.act[step_of > 0].mean() < off.act[step_of > 0].mean() - 0.02  # 1.709 against 1.739 s
     for s in (1, 2):
+        assert _admitted_early(on, s) < _admitted_early(off, s)  # 48 and 56 against 52 and 59
         assert on.act[step_of == s].mean() < off.act[step_of == s].mean()
         assert all(_length(on, s) < _length(r, s) for r in others)
+
+
+def _admitted_early(run, s: int) -> int:
+    """Trajectories admitted in step ``s``'s first 60 s."""
+    t0 = run.result.step_start[s]
+    return sum(1 for t, _ in run.admits() if t0 <= t < t0 + 60.0)
 
 
 def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
@@ -657,13 +666,8 @@ def test_after_a_whole_step_the_knee_holds_fewer_trajectories_in_flight():
     their actions finish sooner, each step still shorter than static's and fifo's. Audited."""
     on, off, others, step_of = _three_steps("resources/bench/standard.yaml", "resources/bench/cluster-standard.yaml",
                                             "steps_knee", 0.7)
-
-    def admitted_early(run, s):  # trajectories admitted in the step's first 60 s
-        t0 = run.result.step_start[s]
-        return sum(1 for t, _ in run.admits() if t0 <= t < t0 + 60.0)
-
     for s in (1, 2):
-        assert admitted_early(on, s) < admitted_early(off, s)
+        assert _admitted_early(on, s) < _admitted_early(off, s)
         assert on.act[step_of == s].mean() < off.act[step_of == s].mean() - 0.1
         assert all(_length(on, s) < _length(r, s) for r in others)
 
