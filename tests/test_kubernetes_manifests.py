@@ -24,7 +24,7 @@ dask_kubernetes = pytest.importorskip("dask_kubernetes")
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "resources" / "kubernetes"
 CRDS = Path(dask_kubernetes.__file__).parent / "operator" / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
-K8S_VERSION = "1.30"  # appArmorProfile in securityContext is GA from 1.30
+K8S_VERSION = "1.30"  # the AppArmor annotation is read as securityContext.appArmorProfile from 1.30
 
 
 def docs() -> list[tuple[str, dict]]:
@@ -42,13 +42,32 @@ for _, _d in DOCS:
     BY_KIND.setdefault(_d["kind"], []).append(_d)
 
 
+def closed(schema):
+    """The schema as an API server reads a custom resource: a field the schema does not name is not kept
+    (structural pruning; ``kubectl apply``'s default strict field validation refuses it), so here it is
+    an error, except under ``x-kubernetes-preserve-unknown-fields``. The operator's schemas never say
+    ``additionalProperties: false``, and plain JSON Schema would accept any misspelt field."""
+    if not isinstance(schema, dict):
+        return schema
+    s = dict(schema)
+    if "properties" in s:
+        s["properties"] = {k: closed(v) for k, v in s["properties"].items()}
+        if not s.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" not in s:
+            s["additionalProperties"] = False
+    if isinstance(s.get("items"), dict):
+        s["items"] = closed(s["items"])
+    if isinstance(s.get("additionalProperties"), dict):
+        s["additionalProperties"] = closed(s["additionalProperties"])
+    return s
+
+
 def crd_schemas() -> dict[str, dict]:
     out = {}
     for path in CRDS.glob("*.yaml"):
         crd = yaml.safe_load(path.read_text())
         kind = crd["spec"]["names"]["kind"]
         version = next(v for v in crd["spec"]["versions"] if v["served"])
-        out[kind] = version["schema"]["openAPIV3Schema"]
+        out[kind] = closed(version["schema"]["openAPIV3Schema"])
     return out
 
 
@@ -77,6 +96,11 @@ def test_the_crd_schema_check_catches_mistakes():
     v = jsonschema.Draft7Validator(SCHEMAS["DaskWorkerGroup"])
     bad = {"spec": {"cluster": "tangram", "worker": {"replicas": "two", "spec": wg["spec"]["worker"]["spec"]}}}
     assert list(v.iter_errors(bad))
+    misspelt = {"spec": {"cluster": "tangram", "worker": {"replcas": 2, "spec": wg["spec"]["worker"]["spec"]}}}
+    assert list(v.iter_errors(misspelt))  # a field the operator's schema does not have
+    pod = wg["spec"]["worker"]["spec"]
+    not_in_crd = {**pod, "containers": [{**pod["containers"][0], "securityContext": {"appArmorProfile": {}}}]}
+    assert list(v.iter_errors({"spec": {"cluster": "tangram", "worker": {"replicas": 2, "spec": not_in_crd}}}))
     assert list(v.iter_errors({"spec": {"worker": wg["spec"]["worker"]}}))  # no cluster
     a = jsonschema.Draft7Validator(SCHEMAS["DaskAutoscaler"])
     assert list(a.iter_errors({"spec": {"cluster": "tangram", "minimum": 1}}))  # no maximum
@@ -161,10 +185,21 @@ def test_every_kind_names_a_worker_group_of_its_shape():
 
 
 def test_the_sandbox_workers_may_start_bubblewrap():
-    cluster = BY_KIND["DaskCluster"][0]
-    sc = cluster["spec"]["worker"]["spec"]["containers"][0]["securityContext"]
-    assert "SYS_ADMIN" in sc["capabilities"]["add"]
-    assert sc["seccompProfile"]["type"] == "Unconfined" and sc["appArmorProfile"]["type"] == "Unconfined"
+    """The worker container may create bubblewrap's namespaces: SYS_ADMIN, seccomp Unconfined, and AppArmor
+    unconfined by the annotation, which the operator's own code (``build_worker_deployment_spec``) puts on
+    the worker pods it makes (the DaskCluster schema has no ``appArmorProfile`` field)."""
+    from dask_kubernetes.operator.controller.controller import build_worker_deployment_spec
+
+    worker = BY_KIND["DaskCluster"][0]["spec"]["worker"]
+    c = worker["spec"]["containers"][0]
+    sc = c["securityContext"]
+    assert "SYS_ADMIN" in sc["capabilities"]["add"] and sc["seccompProfile"]["type"] == "Unconfined"
+    deployment = build_worker_deployment_spec("tangram-default", "ns", "tangram", "abc", worker["spec"],
+                                              worker["metadata"]["annotations"], {})
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"][f"container.apparmor.security.beta.kubernetes.io/{c['name']}"] \
+        == "unconfined"
+    assert pod["spec"]["containers"][0]["securityContext"] == sc
 
 
 def test_the_scaler_may_patch_the_scale_subresource_and_runs_the_cli():
