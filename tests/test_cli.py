@@ -59,7 +59,9 @@ def test_parity_adds_capacity_for_parity_to_tangram(capsys):
     assert code == 0
     tangram, static = json.loads(out)
     f = tangram["capacity_for_parity"]
-    assert f is None or (0 < f <= 1 and round(f / 0.05, 6).is_integer())
+    # small.yaml on the laptop cluster reaches static's step below the whole cluster (0.55 at this writing):
+    # None, a search that found nothing, is a failure here
+    assert f is not None and 0 < f < 1 and round(f / 0.05, 6).is_integer(), f
     assert "capacity_for_parity" not in static
     assert tangram["static_step_s"] == static["step_s"]
 

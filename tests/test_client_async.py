@@ -120,6 +120,6 @@ def test_the_async_calls_raise_where_the_scheduler_has_no_plugin():
                 await tangram_dask.begin_trajectory(client, "t")
             with pytest.raises(PluginMissingError):
                 await tangram_dask.end_trajectory(client, "t")
-            with pytest.raises(ModelError, match="tangram scheduler plugin"):
+            with pytest.raises(ModelError, match="does not run the tangram scheduler plugin"):
                 await tangram_dask.register_model(client, "rm", NumpyLoader("/nonexistent.npz"), memory_gb=0.001)
     run(main)

@@ -8,6 +8,7 @@ client and scheduler; a positive answer is cached by scheduler address.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import dask
 import pytest
@@ -50,9 +51,13 @@ CALLS = [("action", _with_action), ("submit_action", _with_submit_action), ("che
 
 
 @pytest.mark.parametrize("call", [c[1] for c in CALLS], ids=[c[0] for c in CALLS])
-def test_no_plugin_raises_with_the_fix_and_submits_nothing(plain, call):
+def test_no_plugin_raises_with_the_fix_and_submits_nothing(plain, call, monkeypatch):
+    submitted = []
+    real_submit = plain.submit
+    monkeypatch.setattr(plain, "submit", lambda *a, **kw: submitted.append(a) or real_submit(*a, **kw))
     with pytest.raises(PluginMissingError) as info:
         call(plain)
+    assert submitted == []  # refused before anything was submitted (the scheduler's view below may lag)
     msg = str(info.value)
     assert plain.scheduler.address in msg
     assert all(fix in msg for fix in FIX), msg
@@ -83,13 +88,19 @@ def test_a_plugin_registered_after_the_first_refusal_is_found(plain):
     assert _with_action(plain).result(timeout=30) == 1
 
 
-def test_a_preload_that_failed_to_start_is_reported_at_the_first_action():
+def test_a_preload_that_failed_to_start_is_reported_at_the_first_action(caplog):
     # a bad config makes the preload fail; distributed only logs "Failed to start preload" and serves on
-    with dask.config.set({"tangram.scheduler.polcy": "fifo"}):
+    with dask.config.set({"tangram.scheduler.polcy": "fifo"}), \
+            caplog.at_level(logging.ERROR, logger="distributed.preloading"):
         with _cluster(preload=["scheduler_plugin"]) as cluster, Client(cluster) as client:
             assert "tangram" not in cluster.scheduler.plugins
-            with pytest.raises(PluginMissingError, match="Failed to start preload"):
+            # the preload did fail, for the bad key (not: it never ran, or installed nothing)
+            failed = [r for r in caplog.records if "Failed to start preload" in r.getMessage()]
+            assert failed and failed[0].exc_info and "tangram.scheduler.polcy" in str(failed[0].exc_info[1]), \
+                [r.getMessage() for r in caplog.records]
+            with pytest.raises(PluginMissingError, match="Failed to start preload") as info:
                 _with_action(client)
+            assert client.scheduler.address in str(info.value)
 
 
 def test_an_asynchronous_client_awaits_the_check():

@@ -22,17 +22,25 @@ def test_admission_holds_a_trajectory_until_capacity_frees():
     plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
     with _cluster(plugin) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        tangram_dask.begin_trajectory(client, "t1")
-        tangram_dask.begin_trajectory(client, "t2")
+        assert tangram_dask.begin_trajectory(client, "t1") == {"status": "OK"}
+        assert tangram_dask.begin_trajectory(client, "t2") == {"status": "OK"}
         admitted = threading.Event()
-        waiter = threading.Thread(target=lambda: (tangram_dask.begin_trajectory(client, "t3"), admitted.set()))
+        answer: list = []
+        waiter = threading.Thread(target=lambda: (answer.append(tangram_dask.begin_trajectory(client, "t3")),
+                                                  admitted.set()))
         waiter.start()
-        time.sleep(0.5)
-        assert not admitted.is_set()  # held: the pool is full of active trajectories
-        tangram_dask.begin_trajectory(client, "t2")  # asking again for an admitted one returns at once
+        deadline = time.monotonic() + 10
+        while "t3" not in plugin.policy.admission_queue:  # it asked, and the gate holds it
+            assert time.monotonic() < deadline and not admitted.is_set()
+            time.sleep(0.01)
+        time.sleep(0.3)  # (scheduling passes go on meanwhile)
+        assert not admitted.is_set() and "t3" not in plugin._admitted  # held: the pool is full
+        # asking again for an admitted one returns at once
+        assert tangram_dask.begin_trajectory(client, "t2") == {"status": "OK"}
         tangram_dask.end_trajectory(client, "t1")
         assert admitted.wait(10)
         waiter.join(5)
+        assert answer == [{"status": "OK"}] and "t3" in plugin._admitted  # admitted, not let go as "ended"
         for t in ("t2", "t3"):
             tangram_dask.end_trajectory(client, t)
 
