@@ -175,10 +175,13 @@ def test_unknown_model_and_action_without_replica_are_clear_errors(files):
 
 
 def test_loads_run_in_the_background_while_other_replicas_serve(files):
-    gate = threading.Event()
+    """A replica serves while another's load is under way: the slow loader is known to be running (and held
+    there) when the other is asked for, and is still loading once that one has served."""
+    gate, started = threading.Event(), threading.Event()
     inner = NumpyLoader(files["mid"][0])
 
     def slow(devices):
+        started.set()
         gate.wait(10)
         return inner(devices)
 
@@ -187,10 +190,10 @@ def test_loads_run_in_the_background_while_other_replicas_serve(files):
     res.get("a", timeout=10)
     res.unpin("a")
     res.prepare("slow", 1, "mid", (1,))   # blocks in its loader
+    assert started.wait(10)               # ... and is there now
     res.prepare("b", 0, "small", (0,))    # replica 0 serves meanwhile
-    t0 = time.perf_counter()
     assert res.get("b", timeout=5).score([("x y", "x y")])[0] == pytest.approx(1.0, abs=1e-5)
-    assert time.perf_counter() - t0 < 1.0 and res.replicas[1].state == "loading"
+    assert res.replicas[1].state == "loading" and not gate.is_set()  # served while mid's load is held
     gate.set()
     res.get("slow", timeout=10)
     res.close()
@@ -218,14 +221,14 @@ ops = st.lists(st.one_of(
 @given(seq=ops)
 def test_random_sequences_never_overcommit_or_evict_under_an_action(files, seq):
     cap = [700_000, 700_000]
-    seen_evicted: list[int] = []
+    pinned_evictions: list[int] = []
     res = None
 
     def report(r):
-        if r.state == "evicted":
-            # evicted only when no action pins it (the pin table is the truth on this worker)
-            assert r.replica not in res.pins.values(), f"replica {r.replica} evicted while pinned"
-            seen_evicted.append(r.replica)
+        # evicted only when no action pins it (the pin table is the truth on this worker). Recorded, and
+        # asserted below: Residency._report logs and swallows what its report callback raises
+        if r.state == "evicted" and r.replica in res.pins.values():
+            pinned_evictions.append(r.replica)
 
     res = ledger(files, cap, reports=None)
     res.report = report
@@ -262,6 +265,7 @@ def test_random_sequences_never_overcommit_or_evict_under_an_action(files, seq):
                 for g in r.gpus:
                     held[g] += r.bytes_per_gpu
         assert held == res.used  # the ledger is exactly what is resident
+        assert not pinned_evictions, f"replicas {pinned_evictions} evicted while pinned"
     finally:
         res.close()
 

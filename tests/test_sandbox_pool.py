@@ -140,27 +140,39 @@ def test_recycled_after_max_uses_and_on_damage(pool):
 
 
 def test_concurrent_actions_get_distinct_sandboxes(pool):
+    """As many actions at once as the pool has sandboxes (2): each holds a sandbox of its own."""
+    barrier = threading.Barrier(2, timeout=30)
+    boxes: list = []
     results: list[RunResult] = []
     lock = threading.Lock()
 
     def one() -> None:
-        r = run_code("import os, time\ntime.sleep(0.2)\nprint(os.getpid())", pool=pool)
-        with lock:
-            results.append(r)
+        with pool.acquire(timeout=30) as lease:
+            barrier.wait()  # both leases are held at once
+            r = lease.run(code="import time\ntime.sleep(0.2)\nprint('ok')")
+            with lock:
+                boxes.append(lease.sandbox)
+                results.append(r)
+            barrier.wait()
 
-    threads = [threading.Thread(target=one) for _ in range(4)]
+    threads = [threading.Thread(target=one) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [r.reason for r in results] == ["ok"] * 4
+    assert [r.reason for r in results] == ["ok"] * 2, results
+    assert boxes[0] is not boxes[1]
 
 
 def test_lease_released_twice_is_safe_and_unusable_after(pool):
+    assert pool.wait_ready(30)
+    before = pool.statistics()
     lease = pool.acquire()
     assert lease.run(code="print(1)").stdout == "1\n"
     lease.release()
     lease.release()
+    after = pool.statistics()
+    assert after.in_use == before.in_use and after.ready + after.starting <= after.size, after  # released once
     with pytest.raises(SandboxError, match="released"):
         lease.run(code="pass")
 
@@ -201,7 +213,9 @@ def test_a_root_worker_never_runs_code_as_root_or_as_a_uid_that_cannot_read_pyth
 
 @pytest.mark.parametrize("backend", ["bwrap", "process"])
 def test_sandboxes_die_with_their_worker(backend, tmp_path):
-    """SIGKILL the process that owns a pool: its sandboxes, and code running in them, go too."""
+    """SIGKILL the process that owns a pool: its sandboxes, and code running in them, go too. The running
+    action is found on the host by a token in its command line. Until session 31 the zygote that ran it,
+    and the action, outlived the worker: the scratch mount's setfsuid had cleared their parent-death signal."""
     import signal
     import subprocess
     import sys
@@ -210,29 +224,49 @@ def test_sandboxes_die_with_their_worker(backend, tmp_path):
     if backend == "bwrap":
         bwrap_or_skip()
     python = "/usr/bin/python3" if backend == "process" and os.geteuid() == 0 else sys.executable
+    token = os.urandom(6).hex()
     script = (
         "import sys, threading\n"
-        "from tangram_dask.sandbox import SandboxPool, run_code\n"
+        "from tangram_dask.sandbox import SandboxPool, run_command\n"
         f"pool = SandboxPool(backend={backend!r}, size=2, python={python!r}).start()\n"
         "assert pool.wait_ready(30)\n"
         "print(' '.join(str(b._proc.pid) for b in pool._boxes), flush=True)\n"
-        "threading.Thread(target=run_code, args=('import time; time.sleep(60)',),\n"
+        "argv = [pool.options.python, '-c', 'import time; time.sleep(60)', 'die-with-worker-' + sys.argv[1]]\n"
+        "threading.Thread(target=run_command, args=(argv,),\n"
         "                 kwargs={'timeout': 60, 'pool': pool}, daemon=True).start()\n"
         "time = __import__('time'); time.sleep(60)\n"
     )
-    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+    def actions() -> list[int]:
+        found = []
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if name.isdigit() and f"die-with-worker-{token}".encode() in f.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+        return found
+
+    worker = subprocess.Popen([sys.executable, "-c", script, token], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in worker.stdout.readline().split()]
         assert len(pids) == 2
-        time.sleep(0.5)  # the sleeping action is running
+        deadline = time.monotonic() + 30
+        while not actions():  # the sleeping action is running
+            assert time.monotonic() < deadline, "the action never started"
+            time.sleep(0.05)
+        pids += actions()
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
             time.sleep(0.05)
-        assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids), [p for p in pids if os.path.exists(f"/proc/{p}")]
     finally:
         worker.kill()
+        for p in actions():  # what a failure left
+            os.kill(p, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "process"])

@@ -35,6 +35,7 @@ import time
 import traceback
 
 PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
@@ -156,14 +157,27 @@ def _deny_keyrings():
     return True
 
 
+def _pdeathsig():
+    """The signal this process gets when its parent dies (0: none)."""
+    sig = ctypes.c_int(0)
+    _libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(sig), 0, 0, 0)
+    return sig.value
+
+
 class _fsid:
-    """Create files as another uid (setfsuid), then back."""
+    """Create files as another uid (setfsuid), then back.
+
+    A change of the fsuid or fsgid clears the parent-death signal (prctl(2)), so it is set again on the way
+    out: without that, a zygote that had run one action (its scratch is mounted under ``_fsid``) no longer
+    died with its worker, and nor did the action it was running (found by a test audit, session 31)."""
 
     def __init__(self, uid, gid):
         self.uid, self.gid = uid, gid
+        self.sig = 0
 
     def __enter__(self):
         if self.uid is not None:
+            self.sig = _pdeathsig()
             _libc.setfsgid(self.gid)
             _libc.setfsuid(self.uid)
 
@@ -171,6 +185,8 @@ class _fsid:
         if self.uid is not None:
             _libc.setfsuid(os.geteuid())
             _libc.setfsgid(os.getegid())
+            if self.sig:
+                _prctl(PR_SET_PDEATHSIG, self.sig)
 
 
 # -- framing -----------------------------------------------------------------
@@ -570,6 +586,8 @@ def _child(req, fds):
         _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary, no file capability can raise it again
         _deny_keyrings()
         _become_code_user()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # setresuid cleared it (prctl(2)): where no PID namespace
+        #                                           ends with the zygote, the code still dies with it
         work = req["cwd"]
         if req.get("stateful") and ISO["scratch"]:
             copy_tree(f"/proc/self/fd/{AREA_FD}/slot/state", work)
