@@ -396,13 +396,19 @@ def test_action_annotates_the_tasks_submitted_inside():
 
 def test_instance_copies_every_field():
     """``instance`` (the simulator's per-action copy) writes each field out by hand: a field added to
-    ActionSpec and forgotten there would come back unset (AttributeError) or stale."""
-    from dataclasses import fields
+    ActionSpec and forgotten there would come back unset (AttributeError) or stale. Two specs, a CPU and a
+    GPU one, so that between them every field with a default is set away from it (a copy that wrote the
+    default would pass otherwise: the GPU spec's model was missing until session 31)."""
+    from dataclasses import MISSING, fields
 
-    base = make_spec("k", "cpu", units=(2, 4), speedup=0.5, hint_s=2.0, trajectory="a",
-                     affinity="trajectory", restore_s=1.5, timeout_s=9.0)
-    copy = base.instance(3.0, "b")
+    cpu = make_spec("k", "cpu", units=(2, 4), speedup=0.5, hint_s=2.0, trajectory="a",
+                    affinity="trajectory", restore_s=1.5, timeout_s=9.0)
+    gpu = make_spec("j", "gpu", units=(1, 2), speedup=0.3, hint_s=2.0, trajectory="a", model="rm", timeout_s=4.0)
     for f in fields(ActionSpec):
-        want = {"hint_s": 3.0, "trajectory": "b"}.get(f.name, getattr(base, f.name))
-        assert getattr(copy, f.name) == want, f.name
-    assert copy == ActionSpec.from_dict({**base.to_dict(), "hint_s": 3.0, "trajectory": "b"})
+        assert f.default is MISSING or any(getattr(b, f.name) != f.default for b in (cpu, gpu)), f.name
+    for base in (cpu, gpu):
+        copy = base.instance(3.0, "b")
+        for f in fields(ActionSpec):
+            want = {"hint_s": 3.0, "trajectory": "b"}.get(f.name, getattr(base, f.name))
+            assert getattr(copy, f.name) == want, (base.kind, f.name)
+        assert copy == ActionSpec.from_dict({**base.to_dict(), "hint_s": 3.0, "trajectory": "b"})

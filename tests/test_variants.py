@@ -302,9 +302,12 @@ def test_in_the_steps_tail_a_long_test_run_reserves_slots_rather_than_set_the_st
 
 
 def test_the_decision_cost_benchmark_loads_and_places_reward_models():
-    """benchmarks/decision_cost.py's GPU loop (small here): four models that do not all fit, so it places, loads
-    and evicts; the figure it prints is microseconds per started action."""
+    """benchmarks/decision_cost.py's GPU loop (small here): four reward models (16 to 140 GB, the largest on
+    2-GPU replicas), none resident at the start, so it places and loads a replica of each (on 2 nodes nothing
+    is evicted). The figure it prints (microseconds per started action) is a wall-clock time: not asserted."""
+    import math
+
     from benchmarks.decision_cost import measure_gpu
 
     us, loads = measure_gpu(200, 2, iters=400)
-    assert loads >= 4 and 0 < us < 1e6
+    assert loads >= 4 and math.isfinite(us)
