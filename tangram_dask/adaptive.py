@@ -479,12 +479,38 @@ class AdaptiveExtension:
         return parse_timedelta(target_duration) / self.plugin.options.time_scale
 
     def _wait_for_capacity(self) -> None:
-        """An autoscaler is watching: actions no current worker can hold wait for one instead of erring."""
+        """An autoscaler is watching: actions no current worker can hold wait for one instead of erring,
+        where a worker of a kind it can make would hold them (``could_hold``); the others err at once.
+        Before session 31 every one waited, those that ``targets`` itself lists as unservable too: an
+        action of 4 slots on kinds of 1 hung its trajectory once ``cluster.adapt()`` had read a target."""
         if not self.autoscaled:
             self.autoscaled = True
             pol = self.plugin.policy
             if pol is not None and hasattr(pol, "wait_unplaceable"):
-                pol.wait_unplaceable = True
+                pol.wait_unplaceable = self.could_hold  # rejects those waiting that no kind would hold
+                kick = getattr(self.plugin, "_kick", None)
+                if kick is not None:
+                    kick()  # their errors go out now, not with the next event
+
+    def could_hold(self, spec: Any) -> bool:
+        """May a worker of a kind the scaler can make hold this action? CPU: a kind with ``units.min``
+        slots; GPU: a kind on which a replica of its model fits (``WorkerKind.replica_gpus``). Where the
+        kinds are not configured they are the shapes of the workers seen (what ``cluster.adapt()`` makes
+        more of); none seen of the action's resource, or a model not registered yet: nobody can tell,
+        it waits. API tokens: no worker adds any, it errs."""
+        kinds = self.kinds()
+        configured = bool(self._kinds)
+        if spec.resource == "cpu":
+            cpu = [k for k in kinds if k.role == "cpu"]
+            return (not cpu and not configured) or any(k.slots >= spec.units_min for k in cpu)
+        if spec.resource == "gpu":
+            pol = self.plugin.policy
+            model = pol.models.get(spec.model) if pol is not None else None
+            gpu = [k for k in kinds if k.role == "gpu"]
+            if model is None or (not gpu and not configured):
+                return True
+            return any(k.replica_gpus(model, spec.units_min) is not None for k in gpu)
+        return False
 
     def targets(self, target_duration: Any = None) -> Targets:
         pol = self.plugin.policy
@@ -700,6 +726,10 @@ def install(plugin: Any, scheduler: Any, kinds: Sequence[WorkerKind] | None = No
     if isinstance(ext, AdaptiveExtension) and ext.plugin is plugin:
         return ext
     ext = _extension_class()(plugin, scheduler, kinds, move_state)
+    pol = plugin.policy
+    if ext._kinds and pol is not None and pol.wait_unplaceable is True:
+        # tangram.scheduler.wait-for-capacity with the kinds a scaler makes configured: wait where one would hold
+        pol.wait_unplaceable = ext.could_hold
     scheduler.add_plugin(ext, name=EXTENSION_NAME)
     scheduler.adaptive_target = ext.adaptive_target  # what /api/v1/adaptive_target calls
     scheduler.handlers["adaptive_target"] = ext.adaptive_target

@@ -787,6 +787,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         msg = f"tangram cannot run action {d.action!r}: {d.reason}"
         if sf is None or not sf.never:
             return msg
+        if callable(getattr(self.policy, "wait_unplaceable", None)) and sf.resource in ("cpu", "gpu"):
+            return (msg + ", and no worker kind the autoscaler can make would hold it. Add such a kind to "
+                    "tangram.adaptive.kinds, or lower the action's units")
         if sf.resource == "cpu":
             return (msg + f". Start a worker with --resources slots={sf.requested} or more, or set "
                     f"tangram.scheduler.wait-for-capacity (with adaptive scaling) to let it wait for one")

@@ -99,6 +99,32 @@ def test_http_rpc_and_adapt_agree_and_gpu_demand_asks_for_gpu_workers(cluster_cl
         f.cancel()
 
 
+def test_once_an_autoscaler_reads_a_target_what_no_kind_can_hold_errs_and_the_rest_waits(cluster_client):
+    """The kinds are CPU workers of 1 slot and GPU workers of one 24 GB GPU. A GPU action on 2 GPUs waits
+    while no GPU worker has joined; once a target is read (an autoscaler watches), no kind could ever hold
+    it, so it errs, as does a new 4-slot action; a 1-GPU action waits for the GPU worker the targets ask
+    for. Before session 31 all three waited, the targets listing two of them as unservable."""
+    cluster, client = cluster_client
+    with tangram_dask.action(kind="wide", resource="gpu", units=2, hint_s=1.0, model="rm"):
+        wide = client.submit(hold, "never", pure=False)
+    policy = cluster.scheduler.plugins["tangram"].policy
+    wait_for(lambda: len(policy.snapshot().unplaceable) == 1, what="the 2-GPU action to wait")
+    targets = client.sync(client.scheduler.tangram_targets)
+    assert targets["kinds"]["gpu"]["target"] == 0  # rejected as the autoscaler came: nothing to grow for it
+    with pytest.raises(tangram_dask.PlacementError, match="no worker kind the autoscaler can make would hold it"):
+        wide.result(timeout=30)
+    with tangram_dask.action(kind="big", resource="cpu", units=4, hint_s=1.0):
+        big = client.submit(hold, "never", pure=False)
+    with pytest.raises(tangram_dask.PlacementError, match="4 sandbox slots"):
+        big.result(timeout=30)
+    with tangram_dask.action(kind="score", resource="gpu", units=1, hint_s=1.0, model="rm"):
+        score = client.submit(hold, "never", pure=False)
+    wait_for(lambda: len(policy.snapshot().unplaceable) == 1, what="the 1-GPU action to wait")
+    assert client.sync(client.scheduler.tangram_targets)["kinds"]["gpu"]["target"] == 1
+    assert score.status == "pending"
+    score.cancel()
+
+
 def test_retirement_moves_state_first_and_spares_busy_workers(cluster_client):
     cluster, client = cluster_client
     ext = cluster.scheduler.plugins[EXTENSION_NAME]

@@ -117,6 +117,28 @@ def test_with_wait_unplaceable_it_waits_visibly_until_a_node_can_hold_it(name):
 
 
 @pytest.mark.parametrize("name", POLICIES)
+def test_wait_unplaceable_as_a_function_lets_wait_only_what_it_says_and_rejects_the_rest_already_waiting(name):
+    """``wait_unplaceable`` may say per action whether capacity for it may come (an autoscaler's worker kinds).
+    Set to one while actions wait: those it refuses are rejected at the next pass, the others keep waiting;
+    a new action it refuses is rejected at once, though no node of 6 slots is there either."""
+    pol = policy(name, (2,), wait_unplaceable=True)
+    pol.submit("four", cpu(4), 0.0)
+    pol.submit("eight", cpu(8), 0.0)
+    assert pol.schedule(0.0) == [] and len(pol.snapshot().unplaceable) == 2
+    asked = []
+    pol.wait_unplaceable = lambda spec: asked.append(spec.units_min) or spec.units_min <= 4  # kinds of 4 slots
+    assert sorted(asked) == [4, 8]
+    pol.submit("six", cpu(6), 1.0)
+    starts, rejects = by_class(pol.schedule(1.0))
+    assert set(rejects) == {"eight", "six"} and not starts
+    assert "the largest CPU worker has 2 slots" in rejects["eight"].reason
+    assert [sf.requested for sf in pol.snapshot().unplaceable] == [4]
+    pol.add_cpu_node(CpuNode("large", 4))
+    starts, _ = by_class(pol.schedule(2.0))
+    assert starts["four"].node == "large"
+
+
+@pytest.mark.parametrize("name", POLICIES)
 def test_before_any_worker_joins_actions_wait(name):
     pol = policy(name, ())
     assert pol.submit("early", cpu(2), 0.0).largest == 0

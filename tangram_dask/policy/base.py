@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from ..spec import ActionSpec
@@ -53,8 +53,11 @@ class Policy:
     they are rejected at once, unless no node of their kind has joined at all
     (then they wait, as Dask's own tasks wait for a worker); with True (an
     autoscaler is on) they wait, listed in ``snapshot().unplaceable``, until a
-    node that can hold them joins. A decision that raises rejects that one
-    action; every counter is as it was before it.
+    node that can hold them joins. It may also be a function of the action's
+    spec (what an autoscaler could make: ``tangram_dask.adaptive``), True where
+    it may wait; set to one, the actions already waiting that it refuses are
+    rejected. A decision that raises rejects that one action; every counter is
+    as it was before it.
     """
 
     name = "base"
@@ -64,9 +67,9 @@ class Policy:
 
     def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec],
                  replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None,
-                 wait_unplaceable: bool = False):
+                 wait_unplaceable: bool | Callable[[ActionSpec], bool] = False):
         self.cluster = cluster
-        self.wait_unplaceable = wait_unplaceable
+        self._wait_unplaceable = wait_unplaceable
         self.models = dict(models)
         self.cpu = CpuPool(cluster.cpu_nodes)
         self.api = TokenPool(cluster.api_tokens)
@@ -119,10 +122,29 @@ class Policy:
             self._reject(aid, sf.reason, sf)
         return sf
 
+    @property
+    def wait_unplaceable(self) -> bool | Callable[[ActionSpec], bool]:
+        return self._wait_unplaceable
+
+    @wait_unplaceable.setter
+    def wait_unplaceable(self, value: bool | Callable[[ActionSpec], bool]) -> None:
+        """Set it; the actions waiting for capacity that it no longer lets wait are rejected (their
+        ``Reject`` goes out with the next ``schedule``)."""
+        self._wait_unplaceable = value
+        for aid, (spec, sf, _) in list(self.unplaceable.items()):
+            if not self._may_wait(spec):
+                del self.unplaceable[aid]
+                self._reject(aid, sf.reason, sf)
+
     def _may_wait(self, spec: ActionSpec) -> bool:
-        """An action that cannot fit waits for capacity when an autoscaler may bring it, or when no
-        node of its kind has joined yet (it may just be early); otherwise it is rejected."""
-        if self.wait_unplaceable:
+        """An action that cannot fit waits for capacity when an autoscaler may bring it (where
+        ``wait_unplaceable`` is a function, as that function says: whether a node it can bring would
+        hold it), or when no node of its kind has joined yet (it may just be early); otherwise it is
+        rejected."""
+        w = self._wait_unplaceable
+        if callable(w):
+            return bool(w(spec))
+        if w:
             return True
         cap = self._capacity
         if spec.resource == "cpu":
