@@ -40,6 +40,16 @@ def check_expected_s(value: Any) -> float | None:
     return f
 
 
+def check_trajectory(value: Any, what: str) -> str:
+    """A trajectory id as ``begin_trajectory`` / ``end_trajectory`` take it, else TrajectoryError naming it: a
+    non-empty string, the one its actions name with ``trajectory=``. (Before session 31 None, 5 or "" were
+    admitted, each holding a place in the gate until the TTL that no action could ever use.)"""
+    if not isinstance(value, str) or not value:
+        raise TrajectoryError(f"{what}: the trajectory id {_show(value)} must be a non-empty string (the id its "
+                              "actions give as trajectory=)")
+    return value
+
+
 def check_expectations(value: Any) -> list[tuple[str, float | None]]:
     """``expect_trajectories``' mapping as ``(name, expected_s)`` pairs, else TrajectoryError naming the entry."""
     if not isinstance(value, Mapping):
@@ -49,6 +59,8 @@ def check_expectations(value: Any) -> list[tuple[str, float | None]]:
     for name, e in value.items():
         if not isinstance(name, str):
             raise TrajectoryError(f"expect_trajectories: the name {_show(name)} is not a string")
+        if not name:
+            raise TrajectoryError("expect_trajectories: a name is empty (a trajectory id is a non-empty string)")
         try:
             out.append((name, check_expected_s(e)))
         except TrajectoryError as err:
@@ -78,7 +90,9 @@ async def _end(client: Any, trajectory: str) -> list[str]:
     from .sandbox.api import _end_everywhere
 
     await _ensure_plugin(client)
-    await getattr(client.scheduler, END_TRAJECTORY_HANDLER)(trajectory=trajectory)
+    out = await getattr(client.scheduler, END_TRAJECTORY_HANDLER)(trajectory=trajectory)
+    if isinstance(out, dict) and out.get("status") == "error":
+        raise TrajectoryError(out.get("message", "end_trajectory: refused by the scheduler"))
     return await _end_everywhere(client, trajectory)
 
 
@@ -96,7 +110,7 @@ def begin_trajectory(client: Any, trajectory: str, expected_s: float | None = No
     does not run the tangram plugin. On an asynchronous client, returns an
     awaitable: ``await tangram_dask.begin_trajectory(client, "t-1")``.
     """
-    return client.sync(_begin, client, trajectory, check_expected_s(expected_s))
+    return client.sync(_begin, client, check_trajectory(trajectory, "begin_trajectory"), check_expected_s(expected_s))
 
 
 def expect_trajectories(client: Any, expected: Mapping[str, float | None]) -> Any:
@@ -116,4 +130,4 @@ def end_trajectory(client: Any, trajectory: str) -> Any:
     """A trajectory is over: the policy forgets its home node, and every worker removes its
     stateful sandbox directory. Returns the workers that had one (sorted addresses). Safe to call
     twice. On an asynchronous client, returns an awaitable of that list."""
-    return client.sync(_end, client, trajectory)
+    return client.sync(_end, client, check_trajectory(trajectory, "end_trajectory"))

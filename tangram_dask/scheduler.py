@@ -51,7 +51,7 @@ from . import config as _config  # noqa: F401  (registers the tangram: defaults)
 from .annotate import ANNOTATION
 from .costs import CostModel
 from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
-from .client import check_expectations, check_expected_s
+from .client import check_expectations, check_expected_s, check_trajectory
 from .errors import PlacementError, SpecError, TrajectoryError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER,
                        GRANT_KEY, SNAPSHOT_HANDLER, WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
@@ -610,6 +610,14 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             self.stats.policy_errors += 1
             decisions = []
             sched.loop.call_later(1.0, self._kick)
+        if self.policy.expired:  # ended by the TTL: a later begin_trajectory of the id asks the gate again
+            for t in self.policy.expired:
+                self._admitted.discard(t)
+                self._asked.pop(t, None)
+                ev = self._admissions.pop(t, None)
+                if ev is not None:
+                    ev.set()
+            self.policy.expired.clear()
         for d in decisions:
             if d.__class__ is Reject:
                 fails[d.action] = self._rejection(d)
@@ -841,6 +849,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if self.policy is None:
             return {"status": "not-started"}
         try:
+            trajectory = check_trajectory(trajectory, "begin_trajectory")
             expected = check_expected_s(expected_s)
         except TrajectoryError as e:
             return {"status": "error", "message": str(e)}
@@ -885,7 +894,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             self._kick()
         return {"status": "OK", "queued": queued}
 
-    def _handle_end_trajectory(self, trajectory: str) -> None:
+    def _handle_end_trajectory(self, trajectory: str) -> dict[str, str] | None:
+        try:
+            trajectory = check_trajectory(trajectory, "end_trajectory")
+        except TrajectoryError as e:  # (the client checks; a raw RPC may not) nothing changes
+            return {"status": "error", "message": str(e)}
         if self.policy is not None:
             self.policy.end_trajectory(trajectory, self.now())
         self._admitted.discard(trajectory)

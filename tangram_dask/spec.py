@@ -26,6 +26,9 @@ RESERVED = {"grant": "reserved: the tangram scheduler writes the grant into the 
 #: The keyword arguments of make_spec / tangram_dask.action besides kind, resource and units.
 SPEC_KEYWORDS = ("speedup", "hint_s", "trajectory", "model", "affinity", "restore_s", "timeout_s")
 _REQUIRED = ("kind", "resource")
+#: The most seconds a field in seconds may say (about 31.7 years): a finite but huge hint (1e308) overflowed the
+#: admission gate's sums to infinity and shut it for every trajectory (session 31)
+SECONDS_LIMIT = 1e9
 #: The fields in seconds: (name, zero allowed, None allowed).
 _SECONDS = (("hint_s", True, True), ("timeout_s", False, True), ("restore_s", True, False))
 
@@ -86,7 +89,7 @@ class ActionSpec:
             v = getattr(self, name)
             if v is None and optional:
                 continue
-            if type(v) is not float or not (0.0 <= v < math.inf) or (v == 0.0 and not allow_zero):
+            if type(v) is not float or not (0.0 <= v <= SECONDS_LIMIT) or (v == 0.0 and not allow_zero):
                 _set(self, name, _seconds(name, v, allow_zero=allow_zero, optional=optional))
         if self.trajectory is not None and type(self.trajectory) is not str:
             if not isinstance(self.trajectory, str):
@@ -272,9 +275,9 @@ def _number(name: str, v: object, need: str) -> float:
 def _seconds(name: str, v: object, *, allow_zero: bool, optional: bool = True) -> float | None:
     if v is None and optional:
         return None
-    need = f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}"
+    need = f"must be a finite number of seconds {'>= 0' if allow_zero else '> 0'}, at most {SECONDS_LIMIT:g}"
     f = _number(name, v, need)
-    if f < 0 or (f == 0 and not allow_zero):
+    if f < 0 or (f == 0 and not allow_zero) or f > SECONDS_LIMIT:
         raise SpecError(name, v, need)
     return f
 

@@ -149,6 +149,19 @@ def test_before_any_worker_joins_actions_wait(name):
 
 
 @pytest.mark.parametrize("name", POLICIES)
+def test_an_action_that_waited_for_the_first_node_is_rejected_when_that_node_cannot_hold_it(name):
+    """It waited because no CPU node had joined (it might have been early); the first one to join has 2
+    slots, so an action of 8 can never run: rejected, as one submitted after the join is."""
+    pol = policy(name, ())
+    pol.submit("early", cpu(8), 0.0)
+    assert pol.schedule(0.0) == [] and len(pol.snapshot().unplaceable) == 1
+    pol.add_cpu_node(CpuNode("n0", 2))
+    _, rejects = by_class(pol.schedule(1.0))
+    assert set(rejects) == {"early"} and "the largest CPU worker has 2 slots" in rejects["early"].reason
+    assert pol.snapshot().unplaceable == ()
+
+
+@pytest.mark.parametrize("name", POLICIES)
 def test_a_node_leaving_rejects_queued_actions_no_other_node_can_hold(name):
     pol = policy(name, (2, 8))
     for i in range(8):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
 
@@ -96,6 +97,46 @@ def test_a_bad_expected_s_is_refused_by_name_and_changes_nothing():
             assert out["status"] == "error" and "expected_s" in out["message"], bad
             assert "t" not in plugin.policy.admission_queue and "t" not in plugin._admitted
         assert tangram_dask.begin_trajectory(client, "t", expected_s=3) == {"status": "OK"}
+
+
+def test_a_bad_trajectory_id_is_refused_by_name_and_changes_nothing():
+    """An id no action could name (not a string, or empty) is refused by begin_trajectory and end_trajectory,
+    and by the scheduler when a raw call skips the client's check. Before session 31 None, 5 and "" were
+    admitted, each holding a place in the gate until the TTL; a dict erred with a bare TypeError."""
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        for bad in (None, 5, "", 2.5, {"a": 1}):
+            for call in (tangram_dask.begin_trajectory, tangram_dask.end_trajectory):
+                with pytest.raises(tangram_dask.TrajectoryError, match="must be a non-empty string"):
+                    call(client, bad)
+            for handler in (client.scheduler.tangram_begin_trajectory, client.scheduler.tangram_end_trajectory):
+                out = client.sync(handler, trajectory=bad)
+                assert out["status"] == "error" and "trajectory id" in out["message"], (bad, out)
+            assert not plugin.policy.admission_queue and not plugin._admitted and not plugin.policy.admitted
+        with pytest.raises(tangram_dask.TrajectoryError, match="a name is empty"):
+            tangram_dask.expect_trajectories(client, {"": 1.0})
+        assert tangram_dask.begin_trajectory(client, "t") == {"status": "OK"}
+
+
+def test_a_trajectory_the_ttl_ended_asks_the_gate_again():
+    """trajectory_ttl_s ends a trajectory idle that long in the policy; the plugin forgets it too, so beginning
+    the id again asks the gate (before session 31 the plugin still held it admitted and let it in at once,
+    past the gate's limit, and kept every such id for good)."""
+    with dask.config.set({"tangram.scheduler.trajectory-ttl-s": 0.5}):
+        plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
+    assert plugin.options.trajectory_ttl_s == 0.5
+    with _cluster(plugin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        assert tangram_dask.begin_trajectory(client, "a") == {"status": "OK"}
+        assert "a" in plugin._admitted
+        deadline = time.monotonic() + 20
+        while "a" in plugin._admitted:  # expired on a later pass (the plugin's 1 s tick asks for one)
+            assert time.monotonic() < deadline, "the TTL never ended it"
+            time.sleep(0.05)
+        assert "a" not in plugin.policy.admitted
+        assert tangram_dask.begin_trajectory(client, "a") == {"status": "OK"}  # through the gate again
+        assert "a" in plugin.policy.admitted and "a" in plugin._admitted
 
 
 def test_expect_trajectories_queues_a_step_at_once_so_the_gate_orders_all_of_it():

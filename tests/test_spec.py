@@ -42,6 +42,9 @@ BAD_SPECS = [
     # every field, every kind of wrong value: huge ints, nan, inf, strings, bools, None, nested types
     ("hint-huge-int", dict(kind="k", hint_s=HUGE), "hint_s", HUGE),
     ("hint-nan", dict(kind="k", hint_s=math.nan), "hint_s", math.nan),
+    # finite, but it overflowed the admission gate's sums to infinity and shut the gate (session 31)
+    ("hint-past-the-seconds-limit", dict(kind="k", hint_s=1e308), "hint_s", 1e308),
+    ("timeout-past-the-seconds-limit", dict(kind="k", timeout_s=2e9), "timeout_s", 2e9),
     ("hint-bool", dict(kind="k", hint_s=True), "hint_s", True),
     ("hint-list", dict(kind="k", hint_s=[1.0]), "hint_s", [1.0]),
     ("hint-complex", dict(kind="k", hint_s=1j), "hint_s", 1j),
@@ -163,7 +166,7 @@ NUMPY_OK = [
     ("speedup-float16", dict(kind="k", units=(1, 4), speedup=np.float16(0.5)), dict(parallel_fraction=0.5)),
     ("speedup-int-one", dict(kind="k", units=(1, 4), speedup=1), dict(parallel_fraction=1.0)),
     ("kind-numpy-str", dict(kind=np.str_("k2")), dict(kind="k2")),
-    ("huge-but-finite-hint", dict(kind="k", hint_s=10**300), dict(hint_s=1e300)),
+    ("an-int-at-the-seconds-limit", dict(kind="k", hint_s=10**9), dict(hint_s=1e9)),
 ]
 
 

@@ -80,6 +80,8 @@ class Policy:
         # trajectories never ended by their caller are forgotten after ttl seconds without activity
         self.trajectory_ttl_s = trajectory_ttl_s
         self._seen: OrderedDict[str, float] = OrderedDict()  # trajectory -> last activity, oldest first
+        #: the trajectories the TTL ended, oldest first, for the caller to forget too (it empties the list)
+        self.expired: list[str] = []
         self._ready: list[Decision] = []
         self.decisions = 0
         self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
@@ -109,6 +111,7 @@ class Policy:
                 return
             self.end_trajectory(t, now)
             seen.pop(t, None)
+            self.expired.append(t)
 
     # -- actions ----------------------------------------------------------------
     def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> Shortfall | None:
@@ -177,8 +180,11 @@ class Policy:
                 if sf is None:
                     del self.unplaceable[aid]
                     self._submit(aid, spec, t)
-                else:
+                elif self._may_wait(spec):
                     self.unplaceable[aid] = (spec, sf, t)
+                else:  # it waited because no node of its kind had joined; one has, and cannot hold it
+                    del self.unplaceable[aid]
+                    self._reject(aid, sf.reason, sf)
         shrunk = (models_changed or cap.cpu_largest < old.cpu_largest or cap.api_tokens < old.api_tokens
                    or not set(old.gpu_shapes) <= set(cap.gpu_shapes))
         for aid, spec in (self._queued_specs() if shrunk else ()):
