@@ -82,12 +82,29 @@ def plan_scale(group: str, kind: str, current: int, target: int, minimum: int, m
     return ScalePlan(group, kind, current, target, desired, reason)
 
 
+def _int_annotation(annotations: Mapping[str, str], key: str, default: int) -> int:
+    v = annotations.get(key, default)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"annotation {key}={v!r} is not a whole number") from None
+
+
 def bounds_of(annotations: Mapping[str, str], minimum: int, maximum: int) -> tuple[int, int]:
-    lo = int(annotations.get(MIN_ANNOTATION, minimum))
-    hi = int(annotations.get(MAX_ANNOTATION, maximum))
+    lo = _int_annotation(annotations, MIN_ANNOTATION, minimum)
+    hi = _int_annotation(annotations, MAX_ANNOTATION, maximum)
     if lo < 0 or hi < lo:
-        raise ValueError(f"group bounds must satisfy 0 <= minimum <= maximum, got [{lo}, {hi}]")
+        raise ValueError(f"group bounds ({MIN_ANNOTATION}, {MAX_ANNOTATION}) must satisfy 0 <= minimum <= maximum, "
+                         f"got [{lo}, {hi}]")
     return lo, hi
+
+
+def _cooldown_of(annotations: Mapping[str, str]) -> float:
+    v = annotations.get(COOLDOWN_ANNOTATION, 0.0)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"annotation {COOLDOWN_ANNOTATION}={v!r} is not a time") from None
 
 
 def kind_of_group(name: str, annotations: Mapping[str, str], kinds: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -165,10 +182,14 @@ async def scale_once(api: Any, cluster: str, namespace: str, scheduler: str, *, 
                            "it. Delete the DaskAutoscaler to have every group sized per kind.", name)
             continue
         current = int(g.get("spec", {}).get("worker", {}).get("replicas", 0))
-        lo, hi = bounds_of(ann, minimum, maximum)
+        try:
+            lo, hi = bounds_of(ann, minimum, maximum)
+            cooldown_until = _cooldown_of(ann)
+        except ValueError as e:  # one group's bad annotation: that group is left as it is, the others scale
+            logger.error("tangram k8s-scale: group %s is not scaled: %s", name, e)
+            continue
         t = now()
-        plan = plan_scale(name, kind, current, int(kinds[kind]["target"]), lo, hi, t,
-                          float(ann.get(COOLDOWN_ANNOTATION, 0.0)))
+        plan = plan_scale(name, kind, current, int(kinds[kind]["target"]), lo, hi, t, cooldown_until)
         if plan.changes and plan.desired < current:
             out = await drain(scheduler, kind, current - plan.desired)
             may_go = len(out.get("workers", ()))

@@ -191,6 +191,11 @@ class _LoadTimes(Mapping):
         return len(self.models)
 
 
+#: The most sandbox slots / GPUs one worker may declare; a worker over either is left out of placement
+NODE_SLOTS_LIMIT = 65_536
+NODE_GPUS_LIMIT = 4_096
+
+
 class TangramSchedulerPlugin(SchedulerPlugin):
     """Places every ``tangram``-annotated task with a tangram policy; see the module docstring."""
 
@@ -360,6 +365,13 @@ class TangramSchedulerPlugin(SchedulerPlugin):
     def _join(self, addr: str, decl: WorkerDeclaration) -> None:
         ws = self.scheduler.workers[addr]
         pol = self.policy
+        if decl.slots > NODE_SLOTS_LIMIT or decl.gpus > NODE_GPUS_LIMIT:
+            # the ledger's index is by free count: slots=1e9 (a typo) would stall, then kill, the scheduler
+            logger.error("tangram: worker %s declares %d sandbox slots and %d GPUs, over the %d slots / %d GPUs one "
+                         "worker may have: it is left out of placement (no action goes there); fix its --resources "
+                         "or tangram.worker config and restart it", addr, decl.slots, decl.gpus, NODE_SLOTS_LIMIT,
+                         NODE_GPUS_LIMIT)
+            return
         self.nodes[addr] = decl
         if decl.gpus:
             if decl.slots:

@@ -283,3 +283,26 @@ def test_a_lost_result_runs_again_through_the_policy():
                 break
             assert time.monotonic() < deadline
         assert new_units >= 1 and plugin.stats.started == 2
+
+
+def test_a_worker_declaring_absurd_slots_is_left_out_and_the_scheduler_goes_on(caplog):
+    """A worker started with --resources slots=1e9 (a typo): the ledger's index by free count would have held
+    70 GB for it, stalling and then killing the scheduler (40 million slots: a 10 s stall, 2.9 GB). It is
+    left out of placement with an error naming it; a sane worker beside it serves."""
+    import logging
+
+    plugin = TangramSchedulerPlugin("tangram")
+    workers = {"sane": _cpu_worker("sane", 2, 2), "typo": _cpu_worker("typo", 10**9, 1)}
+    with caplog.at_level(logging.ERROR, logger="tangram_dask.scheduler"), \
+            start_cluster(plugin, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 1)
+        typo = next(a for a, ws in cluster.scheduler.workers.items() if ws.name == "typo")
+        deadline = time.monotonic() + 20
+        while not any(typo in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.05)
+        assert typo not in plugin.nodes and typo not in plugin.policy.cpu.capacity
+        assert "1000000000 sandbox slots" in next(r.getMessage() for r in caplog.records if typo in r.getMessage())
+        with tangram_dask.action(kind="small", resource="cpu", units=1):
+            assert client.gather([client.submit(_sleep, 0.0, pure=False) for _ in range(4)]) == [1] * 4
