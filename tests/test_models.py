@@ -22,6 +22,7 @@ import tangram_dask
 from tangram_dask.cluster import ModelSpec
 from tangram_dask.errors import ModelError
 from tangram_dask.models import minilm_path, models_snapshot, register_model, rm_small, sentence_transformer
+from tangram_dask.models.registry import make_registration
 from tangram_dask.scheduler import TangramSchedulerPlugin
 
 GPU_GB = 0.25  # each abstract GPU: room for one MiniLM (0.091 GB) and the small models
@@ -188,6 +189,13 @@ def test_reward_model_outside_its_action_is_a_clear_error(env):
     ("memory zero", {"memory_gb": 0}, "memory_gb = 0"),
     ("memory nan", {"memory_gb": float("nan")}, "finite number > 0"),
     ("units reversed", {"units": (2, 1)}, "units = \\(2, 1\\)"),
+    # a bare unpacking error (ValueError / TypeError) named nothing before session 31, and True was taken as 1
+    ("units one value", {"units": (1,)}, "units = \\(1,\\)"),
+    ("units three values", {"units": (1, 2, 3)}, "units = \\(1, 2, 3\\)"),
+    ("units none", {"units": None}, "units = None"),
+    ("units a string", {"units": "1"}, "units = '1'"),
+    ("units a float", {"units": 1.0}, "units = 1.0"),
+    ("units a bool", {"units": True}, "units = True"),
     ("load_s negative", {"load_s": -1}, "load_s = -1"),
     ("loader not picklable", {"loader": lambda d, lock=__import__("threading").Lock(): None}, "cannot be pickled"),
 ])
@@ -196,6 +204,19 @@ def test_register_model_names_a_bad_argument(env, name, kw, match):
     args = {"name": "rm-x", "loader": rm_small(), "memory_gb": 0.1, **kw}
     with pytest.raises(ModelError, match=match):
         register_model(client, args.pop("name"), args.pop("loader"), **args)
+
+
+def test_the_scheduler_refuses_a_registration_the_client_would_have_refused(env):
+    """A raw RPC (an older or another client) with memory_gb NaN: refused by name, nothing registered. Before
+    session 31 it was taken: every worker's model handler raised, and a worker joining later stopped fetching
+    at it."""
+    client, plugin, _ = env
+    reg = make_registration("rm-raw", rm_small(), memory_gb=0.1).to_msg()
+    for field, bad in (("memory_gb", float("nan")), ("units", [2, 1]), ("load_s", -1.0), ("name", "")):
+        out = client.sync(client.scheduler.tangram_register_model, registration={**reg, field: bad})
+        assert out["status"] == "error" and field in out["message"], (field, out)
+    snap = models_snapshot(client)
+    assert "rm-raw" not in snap["models"] and "rm-raw" not in plugin.policy.models
 
 
 def test_a_worker_that_joins_later_gets_the_models(env):

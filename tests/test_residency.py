@@ -7,6 +7,8 @@ bytes), as on a CPU-only worker, so memory is accounted from parameter bytes.
 
 from __future__ import annotations
 
+import re
+
 import threading
 import time
 
@@ -318,4 +320,33 @@ def test_a_model_loaded_again_after_forget_loads_is_a_first_again(files):
         if key == "a":
             res.forget_loads("mid")
     assert [r.first for r in reports if r.state == "resident"] == [True, True]
+    res.close()
+
+
+class _SaysItsSize:
+    def __init__(self, inner, size):
+        self.inner, self.size = inner, size
+
+    def score(self, batch):
+        return self.inner.score(batch)
+
+    def param_bytes(self):
+        return self.size
+
+
+@pytest.mark.parametrize("size", [-500_000, "many", True])
+def test_a_scorer_that_reports_a_bad_size_fails_its_load_and_holds_nothing(files, size):
+    """A scorer's ``param_bytes`` is how the ledger counts its memory: a negative one made the worker count
+    negative memory, and two real models then loaded on a GPU that holds one (session 31). It fails its
+    load, naming the model and the value; the GPU's memory is as before."""
+    inner = NumpyLoader(files["mid"][0])
+    res = ledger(files, [1_000_000], loaders={"mid": lambda devices: _SaysItsSize(inner(devices), size)})
+    res.prepare("k", 0, "mid", (0,))
+    with pytest.raises(ModelError, match=re.escape(f"model 'mid': the scorer's param_bytes is {size!r}")):
+        res.get("k", timeout=10)
+    assert res.used == [0]
+    res.unpin("k")
+    res.prepare("ok", 1, "small", (0,))
+    assert res.get("ok", timeout=10).score([("x", "x")])
+    assert res.used == [files["small"][1]]
     res.close()

@@ -15,6 +15,7 @@ is one device string per granted GPU (``"cuda:1"`` where CUDA exists, else
 from __future__ import annotations
 
 import math
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -42,6 +43,42 @@ class RegisteredModel:
             yield spec
 
 
+def check_model_fields(name: Any, memory_gb: Any, units: Any, load_s: Any) -> tuple[str, float, tuple[int, int],
+                                                                                   float]:
+    """``(name, memory_gb, (min, max), load_s)`` of a registration, else ModelError naming the bad field. The
+    client checks them (``make_registration``) and so does the scheduler (a raw RPC, or an older client, may
+    not have: one NaN there made every worker's model handler raise and stopped a joining worker's fetch)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ModelError(f"register_model: name = {name!r}: must be a non-empty string")
+    try:
+        mem = float(memory_gb)
+    except (TypeError, ValueError):
+        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r} is not a number") from None
+    if not (math.isfinite(mem) and mem > 0):
+        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r}: must be a finite number > 0 "
+                         f"(the memory of one replica, in GB)")
+    bad = ModelError(f"register_model({name!r}): units = {units!r}: must be n or (min, max) with "
+                     f"1 <= min <= max GPUs")
+    if isinstance(units, numbers.Integral) and not isinstance(units, bool):
+        lo = hi = units
+    elif isinstance(units, (str, bytes, bool)) or units is None:
+        raise bad
+    else:
+        try:
+            lo, hi = units
+        except (TypeError, ValueError):
+            raise bad from None
+    if not all(isinstance(u, numbers.Integral) and not isinstance(u, bool) for u in (lo, hi)) or not 1 <= lo <= hi:
+        raise bad
+    try:
+        ls = float(load_s)
+    except (TypeError, ValueError):
+        raise ModelError(f"register_model({name!r}): load_s = {load_s!r} is not a number") from None
+    if not (math.isfinite(ls) and ls >= 0):
+        raise ModelError(f"register_model({name!r}): load_s = {load_s!r}: must be a finite number >= 0")
+    return name, mem, (int(lo), int(hi)), ls
+
+
 def make_registration(name: str, loader: Callable[..., Any], *, memory_gb: float,
                       units: int | tuple[int, int] = (1, 1), load_s: float = 1.0) -> ModelRegistration:
     """Check the arguments of :func:`register_model` and build its message (ModelError naming a bad one)."""
@@ -52,23 +89,7 @@ def make_registration(name: str, loader: Callable[..., Any], *, memory_gb: float
     if not callable(loader):
         raise ModelError(f"register_model({name!r}): loader = {loader!r} is not callable: pass a function "
                          f"(devices) -> scorer")
-    try:
-        mem = float(memory_gb)
-    except (TypeError, ValueError):
-        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r} is not a number") from None
-    if not (math.isfinite(mem) and mem > 0):
-        raise ModelError(f"register_model({name!r}): memory_gb = {memory_gb!r}: must be a finite number > 0 "
-                         f"(the memory of one replica, in GB)")
-    lo, hi = (units, units) if isinstance(units, int) else tuple(units)
-    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-        raise ModelError(f"register_model({name!r}): units = {units!r}: must be n or (min, max) with "
-                         f"1 <= min <= max GPUs")
-    try:
-        ls = float(load_s)
-    except (TypeError, ValueError):
-        raise ModelError(f"register_model({name!r}): load_s = {load_s!r} is not a number") from None
-    if not (math.isfinite(ls) and ls >= 0):
-        raise ModelError(f"register_model({name!r}): load_s = {load_s!r}: must be a finite number >= 0")
+    name, mem, (lo, hi), ls = check_model_fields(name, memory_gb, units, load_s)
     try:
         blob = dumps(loader)
     except Exception as e:
@@ -103,6 +124,8 @@ async def _register(client: Any, reg: ModelRegistration) -> RegisteredModel:
         from ..annotate import _missing
 
         raise ModelError(f"register_model({reg.name!r}): {_missing(client.scheduler.address)}")
+    if isinstance(reply, dict) and reply.get("status") == "error" and reply.get("message"):
+        raise ModelError(f"the scheduler refused it: {reply['message']}")
     if not isinstance(reply, dict) or reply.get("status") != "OK":
         raise ModelError(f"register_model({reg.name!r}): the scheduler answered {reply!r}")
     return RegisteredModel(reg.name, reg.units, reg.memory_gb, reg.load_s)

@@ -64,7 +64,14 @@ def param_bytes(scorer: Any) -> int:
     """The parameter (and buffer) bytes a scorer holds: its ``param_bytes`` if it says, else its torch modules'."""
     pb = getattr(scorer, "param_bytes", None)
     if pb is not None:
-        return int(pb() if callable(pb) else pb)
+        v = pb() if callable(pb) else pb
+        try:
+            n = int(v)
+        except (TypeError, ValueError, OverflowError):
+            n = -1
+        if n < 0 or isinstance(v, bool):  # a negative size made the ledger count negative memory and over-commit
+            raise ModelError(f"the scorer's param_bytes is {v!r}: it must be a whole number of bytes >= 0")
+        return n
     total, seen = 0, set()
     for value in vars(scorer).values() if hasattr(scorer, "__dict__") else ():
         params = getattr(value, "parameters", None)
@@ -368,7 +375,10 @@ class Residency:
             finally:
                 for lk in reversed(locks):
                     lk.release()
-            pb = param_bytes(scorer)
+            try:
+                pb = param_bytes(scorer)
+            except ModelError as e:
+                raise ModelError(f"model {r.model!r}: {e}") from None
             if measured:
                 per_gpu, by = max(measured), self.probe.name
             else:

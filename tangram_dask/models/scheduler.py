@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import ModelSpec
+from ..errors import ModelError
 from ..messages import (MODELS_HANDLER, REGISTER_MODEL_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER,
                         WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport)
+from .registry import check_model_fields
 
 logger = logging.getLogger("tangram_dask.models")
 
@@ -72,7 +74,13 @@ class SchedulerResidency:
 
     # -- registration ----------------------------------------------------------------------
     async def handle_register(self, registration: dict) -> dict[str, Any]:
-        reg = ModelRegistration.from_msg(registration)
+        try:  # the client checks these; a raw RPC (or another client) may not have: refused, nothing changes
+            d = dict(registration)
+            check_model_fields(d.get("name"), d.get("memory_gb"), d.get("units", (1, 1)), d.get("load_s", 1.0))
+            reg = ModelRegistration.from_msg(d)
+        except Exception as e:
+            return {"status": "error", "message": f"{type(e).__name__}: {e}" if not isinstance(e, ModelError)
+                    else str(e)}
         self.registrations[reg.name] = reg
         self.measured.pop(reg.name, None)  # a new loader: measure again
         self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))

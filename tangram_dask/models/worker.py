@@ -91,9 +91,7 @@ class WorkerResidency:
             else:
                 logger.warning("tangram: NVML found GPUs but models will load on the CPU: %s", self.cuda_why)
         try:
-            reply = await getattr(w.scheduler, MODELS_HANDLER)(loaders=True)
-            for msg in (reply or {}).get("models", {}).values():
-                self.add(ModelRegistration.from_msg(msg))
+            await self._fetch()
         except Exception:  # no tangram plugin on the scheduler: no models to know
             logger.warning("tangram: could not fetch the registered models from the scheduler", exc_info=True)
 
@@ -184,8 +182,11 @@ class WorkerResidency:
 
     async def _fetch(self) -> None:
         reply = await getattr(self.worker.scheduler, MODELS_HANDLER)(loaders=True)
-        for msg in (reply or {}).get("models", {}).values():
-            self.add(ModelRegistration.from_msg(msg))
+        for name, msg in (reply or {}).get("models", {}).items():
+            try:  # one bad registration leaves the others known
+                self.add(ModelRegistration.from_msg(msg))
+            except Exception:
+                logger.exception("tangram: the registration of model %r could not be taken; the others are", name)
 
     def _devices(self, gpus: tuple[int, ...]) -> tuple[str, ...]:
         if self.cuda:
