@@ -251,3 +251,58 @@ def test_snapshot_says_why_the_head_waits():
     assert cpu_pool.queued == 1 and cpu_pool.queued_units == 2
     assert (cpu_pool.head.requested, cpu_pool.head.free, cpu_pool.head.never) == (2, 0, False)
     assert counters(pol)["cpu"] == (2, 2, 1)
+
+
+
+def _warmed(slots: int, n: int, kind: str = "tool", units=1, speedup: float = 0.0, step: float = 0.5):
+    """A tangram policy on node A, after ``n`` short actions: the slot-release rate is known."""
+    pol = TangramPolicy(ClusterSpec("c"), {}, ())
+    pol.add_cpu_node(CpuNode("A", slots))
+    now = 0.0
+    for i in range(n):
+        pol.submit(f"w{i}", make_spec(kind, "cpu", units, speedup=speedup, hint_s=1.0), now)
+        for d in pol.schedule(now):
+            if isinstance(d, Start):
+                now += step
+                pol.finish(d.action, now, 0.5)
+    return pol, now
+
+
+def test_a_stateful_action_waiting_at_a_home_that_left_starts_elsewhere_at_once():
+    """t's home A is full of two long actions, so t's next action waits there (restore_s 60 s is worth it)
+    though B has room. A dies: Dask releases what ran there, the node goes. The waiter starts on B at the
+    next pass; before session 31 it waited for its 60 s deadline, and then for some CPU event."""
+    pol, now = _warmed(2, 20)
+    stateful = dict(trajectory="t", affinity="trajectory", restore_s=60.0)
+    pol.submit("t-1", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    for d in pol.schedule(now):
+        pol.finish(d.action, now + 0.5, 0.5)
+    now += 1
+    assert pol.home["t"] == "A"
+    for i in range(2):
+        pol.submit(f"long{i}", make_spec("long", "cpu", 1, hint_s=100.0), now)
+    pol.schedule(now)
+    pol.add_cpu_node(CpuNode("B", 2))
+    pol.submit("t-2", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    assert pol.schedule(now) == [] and list(pol.home_wait) == ["A"]
+    for i in range(2):
+        pol.cancel(f"long{i}", now)
+    pol.remove_node("A")
+    starts, _ = by_class(pol.schedule(now + 0.1))
+    assert starts["t-2"].node == "B" and not pol.home_wait
+
+
+def test_a_reservations_deadline_is_served_at_the_first_pass_after_it():
+    """Three long actions hold 3 of A's 4 slots; an elephant reserves the free one and waits for more, up to
+    its deadline. At the first pass past the deadline it starts on what it holds, with no CPU event in
+    between (before session 31 it waited for one, which a quiet cluster may never bring)."""
+    pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
+    for i in range(3):
+        pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
+    pol.schedule(now)
+    pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    assert pol.schedule(now) == [] and pol.reserved["A"].aid == "elephant"
+    deadline = pol.reserved["A"].deadline
+    assert pol.schedule(deadline - 0.01) == []
+    starts, _ = by_class(pol.schedule(deadline + 0.01))
+    assert starts["elephant"].units == 1 and not pol.reserved

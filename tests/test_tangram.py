@@ -1209,17 +1209,17 @@ def test_admission_measured_gives_back_the_step_the_opt_in_pair_loses_on_a_half_
     """``seed-21`` of tests/test_variants.py (96 trajectories, 32 CPU slots): ``admission_issued=0.3`` reads
     the CPU demand from the expected unit-seconds of every issued action and holds 15-18 in flight,
     while the units.min held or queued is 2-12 of 32 (its target 9.6): the queue drains at 341 s, not
-    84 s, and the step (a 394 s trajectory admitted at 211 s) is 605 s against fifo's 585. The CPU
-    limit from the demand measured while trajectories wait (``admission_measured``) gives the step
-    back below fifo's with ACT still below the default's."""
+    84 s, and the step (a 394 s trajectory admitted at 211 s) is 582 s, fifo's 585 (605 s until session
+    31, when the deadlines of waits at home and of reservations came to be served at the first pass past
+    them). The CPU limit from the demand measured while trajectories wait (``admission_measured``) gives
+    the step back, 470 s, with ACT still below the default's."""
     gen, cl = _half_cluster_seed21()
     pair = dict(admission_issued=0.3, admission_ramp=1.0, **_BEFORE_LEAN)
     old = bench_simulate(gen, cl, "tangram", options=TangramOptions(**pair))
     new = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_measured=1.0, **pair), audit=True)
     fifo = bench_simulate(gen, cl, "fifo")
     default = bench_simulate(gen, cl, "tangram", options=TangramOptions(admission_knee=0, **_BEFORE_LEAN))  # then
-    assert old["step_s"] > fifo["step_s"]
-    assert new["step_s"] < 0.85 * old["step_s"] and new["step_s"] < fifo["step_s"]
+    assert new["step_s"] < 0.85 * old["step_s"] and new["step_s"] < 0.85 * fifo["step_s"]
     assert new["act_mean_s"] < 0.85 * default["act_mean_s"]
 
 

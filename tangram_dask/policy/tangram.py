@@ -565,12 +565,24 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         for name in self.pools:
             self.dirty[name] = None
         self.freed_res.update(dict.fromkeys(self.reserved))  # a node may have left: look at each
+        if self.home_wait:  # actions waiting at a home that left go back to the queue, to start elsewhere now
+            gone = [node for node in self.home_wait if node not in self.cpu.free]
+            pool = self.pools.get("cpu")
+            for node in gone:
+                for aid, p in self.home_wait.pop(node).items():
+                    pool.unqueued(p)
+                    self._requeue(aid, p)
 
     # -- decisions --------------------------------------------------------------
     def _schedule(self, now: float, out: list[Decision]) -> None:
         self._now = now  # the pass's time, for the residency rules (they take no ``now`` of their own)
         if self.admission_queue:
             self._admit(now, out)
+        if (self.home_deadlines and self.home_deadlines[0][0] <= now) or \
+                (self.res_deadlines and self.res_deadlines[0][0] <= now):
+            # a deadline passed (a wait at home, a reservation's): served now, not at the next CPU event, which
+            # on a quiet cluster (a step's last trajectory) may never come
+            self.dirty["cpu"] = None
         dirty, self.dirty = self.dirty, {}
         gpu = []
         for name in dirty:
