@@ -54,7 +54,8 @@ from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .client import check_expectations, check_expected_s, check_trajectory
 from .errors import PlacementError, SpecError, TrajectoryError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER,
-                       GRANT_KEY, SNAPSHOT_HANDLER, WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
+                       GRANT_KEY, SNAPSHOT_HANDLER, STARTED_HANDLER, WORKER_LOAD_HANDLER, Grant,
+                       WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import Load, Reject, ReplicaSpec, Start
@@ -240,6 +241,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._admitted: set[str] = set()
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
+        # actions with a timeout_s granted ahead (their worker's slots were busy): their timer waits for the
+        # worker's word that they started (STARTED_HANDLER)
+        self._ahead_timed: dict[Hashable, Grant] = {}
         self._restrict: dict[str, frozenset] = {}  # worker -> the shared restriction set naming it
         # (the user's annotations by value, grant wire form) -> the granted annotations: one dict shared by
         # the actions with equal annotations and equal grants (see _granted_annotations)
@@ -284,6 +288,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[EXPECT_TRAJECTORIES_HANDLER] = self._handle_expect_trajectories
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
+        scheduler.stream_handlers[STARTED_HANDLER] = self._handle_started
         # one feature, one name: what the other parts install on this scheduler
         install_residency(self, scheduler)  # reward models: registrations, residency reports (models/)
         install_adaptive(self, scheduler)  # elastic pool: adaptive_target per kind, safe retirement
@@ -491,6 +496,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        if self._ahead_timed:
+            self._ahead_timed.pop(key, None)
         if a is not None and a.annotations is not None and ts is not None:
             ts.annotations, a.annotations = a.annotations, None  # the user's own dict back: no copy per task
             return
@@ -697,9 +704,12 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if self.grants is not None:
             self.grants[key] = grant
         if spec.timeout_s is not None:
-            scale = self.options.time_scale
-            self._timers[key] = self.scheduler.loop.call_later(
-                (spec.timeout_s + grant.setup_s) * scale, self._timed_out, key, grant)
+            if res == "cpu" and self.policy.cpu.room(worker) < 0:
+                # dispatched ahead: it waits on the worker for slots, and its run time starts when it starts
+                # there (before session 31 its timeout counted from here: it erred as "ran past" unstarted)
+                self._ahead_timed[key] = grant
+            else:
+                self._arm(key, grant, spec.timeout_s)
         if res == "api":
             self._api_waiting[key] = None
             self._release_api(key, recs)
@@ -789,6 +799,19 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if r is None:
             r = self._restrict[worker] = frozenset((worker,))
         return r
+
+    def _arm(self, key: Hashable, grant: Grant, timeout_s: float) -> None:
+        self._timers[key] = self.scheduler.loop.call_later(
+            (timeout_s + grant.setup_s) * self.options.time_scale, self._timed_out, key, grant)
+
+    def _handle_started(self, worker: str = "", key: Any = None, **_: Any) -> None:
+        """A worker started an action that has a timeout_s: if it was granted ahead, its timer starts now."""
+        grant = self._ahead_timed.pop(key, None)
+        if grant is None:
+            return
+        a = self.actions.get(key)
+        if a is not None and a.grant is grant and a.state == GRANTED and a.spec.timeout_s is not None:
+            self._arm(key, grant, a.spec.timeout_s)
 
     def _timed_out(self, key: Hashable, grant: Grant) -> None:
         """``timeout_s`` of run time passed (after the grant's setup): the action errs, its units are freed."""

@@ -42,7 +42,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import config as _config
 from .errors import ConfigError
-from .messages import DECLARE_HANDLER, WorkerDeclaration, granted
+from .messages import DECLARE_HANDLER, GRANT_KEY, STARTED_HANDLER, WorkerDeclaration, granted
 
 logger = logging.getLogger("tangram_dask.workers")
 
@@ -401,6 +401,13 @@ class TangramWorkerPlugin(WorkerPlugin):
             self.residency.close()
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing" and self.worker is not None:
+            ts = self.worker.state.tasks.get(key)
+            ann = ts.annotations if ts is not None else None
+            spec = ann.get("tangram") if ann else None
+            if isinstance(spec, dict) and spec.get("timeout_s") is not None and ann.get(GRANT_KEY):
+                # its timeout_s counts from here: granted ahead, it waited on this worker for its slots
+                self.worker.batched_send({"op": STARTED_HANDLER, "key": key})
         if self.declaration is None or not self.declaration.gpus:
             return
         if self.residency is not None:

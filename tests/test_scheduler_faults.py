@@ -203,6 +203,36 @@ def test_timeout_s_errs_the_action_and_frees_its_units(two_small_workers, tmp_pa
         go.touch()  # the worker's thread ends
 
 
+def _stamp(path: str) -> int:
+    with open(path, "a") as f:
+        f.write(f"{time.time()}\n")
+    time.sleep(0.3)
+    return 1
+
+
+def test_timeout_s_counts_from_the_start_of_an_action_dispatched_ahead(two_small_workers, tmp_path):
+    """Dispatch-ahead (the default, pipeline 2): with one worker's 2 slots held by a 6 s action, of four 0.3 s
+    actions with timeout_s = 2 one is sent ahead to that worker and waits there for its slots. Its timeout counts
+    from when it starts, so all four end well. Before session 31 it counted from the grant: the waiting one
+    erred as "ran past its timeout_s" before it had started, and then ran anyway."""
+    client, plugin = two_small_workers
+    log = tmp_path / "starts"
+    log.touch()
+    with tangram_dask.action(kind="long", resource="cpu", units=2, hint_s=6.0):
+        long = client.submit(_sleep, 6.0, pure=False)
+    deadline = time.monotonic() + 20
+    while not any(r.spec.kind == "long" for r in plugin.policy.running.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.time()
+    with tangram_dask.action(kind="short", resource="cpu", units=1, hint_s=0.3, timeout_s=2.0):
+        shorts = [client.submit(_stamp, str(log), pure=False) for _ in range(4)]
+    assert client.gather(shorts) == [1] * 4
+    starts = sorted(float(x) - t0 for x in log.read_text().split())
+    assert starts[-1] > 2.0, starts  # one did wait past its timeout on its worker: the case is the one described
+    assert long.result(timeout=30) == 1
+
+
 def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
     client, plugin = two_small_workers
     with tangram_dask.action(kind="small", resource="cpu", units=1):
