@@ -117,6 +117,23 @@ def test_the_cpu_path_accounts_the_builtin_models_parameter_bytes(env):
     assert plugin.policy.models["rm-small"].gpu_memory_gb == pytest.approx(file_bytes / 1e9)  # learned, not declared
 
 
+def test_registering_the_same_loader_again_keeps_what_its_loads_measured(env):
+    """A second client, or a notebook cell run twice, registers rm-small again with the same loader and a
+    smaller memory_gb: the policy keeps the measured size (its resident replicas hold that much). Before
+    session 31 it took the new figure, shrank the resident replica in its ledger, and placed another model
+    beside it on a GPU without the room: the worker refused, and each of that model's actions failed."""
+    client, plugin, _ = env
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        client.submit(judge, "rm-small", "a", "a", pure=False).result()
+    measured = models_snapshot(client)["measured"]["rm-small"]["memory_gb"]
+    assert measured > 0.0001
+    register_model(client, "rm-small", rm_small(), memory_gb=0.0001, load_s=0.5)
+    assert plugin.policy.models["rm-small"].gpu_memory_gb == pytest.approx(measured)
+    assert models_snapshot(client)["measured"]["rm-small"]["memory_gb"] == pytest.approx(measured)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        assert client.submit(judge, "rm-small", "x", "x", pure=False).result()[0] == pytest.approx(1.0, abs=1e-4)
+
+
 def _safetensors_bytes(path: str) -> int:
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]

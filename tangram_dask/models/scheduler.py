@@ -81,9 +81,19 @@ class SchedulerResidency:
         except Exception as e:
             return {"status": "error", "message": f"{type(e).__name__}: {e}" if not isinstance(e, ModelError)
                     else str(e)}
+        old = self.registrations.get(reg.name)
         self.registrations[reg.name] = reg
-        self.measured.pop(reg.name, None)  # a new loader: measure again
-        self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))
+        m = self.measured.get(reg.name)
+        if m is not None and old is not None and old.loader == reg.loader:
+            # the same loader registered again (a second client, a notebook cell run twice): what its loads
+            # measured still holds, and its replicas resident at that size stay. Before session 31 a smaller
+            # memory_gb here shrank them in the policy's ledger: another model was then placed beside one on a
+            # GPU without the room, its worker refused it, and each of its actions failed, blaming it
+            scale = getattr(getattr(self.plugin, "options", None), "time_scale", 1.0) or 1.0
+            self._tell_policy(ModelSpec(reg.name, m.memory_gb, m.planned_load_s / scale))
+        else:
+            self.measured.pop(reg.name, None)  # a new loader: measure again
+            self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))
         msg = {"op": WORKER_MODEL_HANDLER, "registration": reg.to_msg()}
         replies = await self.scheduler.broadcast(msg=msg, on_error="return_pickle")
         failed = sorted(str(w) for w, r in replies.items() if not (isinstance(r, dict) and r.get("status") == "OK"))
