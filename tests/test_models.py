@@ -323,3 +323,21 @@ def test_a_load_that_fails_while_the_worker_shuts_down_is_not_logged_as_a_broken
     assert [r.levelname for r in recs] == [level]
     assert res.stats.failures == 1 and res.used == [0]
     res.close()
+
+
+def test_a_registration_goes_to_the_gpu_workers_not_the_sandbox_ones():
+    """Beside a GPU worker, a CPU (sandbox) worker: it has no model handler, so the registration is not sent to
+    it (before session 31 it was, and each CPU worker logged an ERROR and was listed as not told)."""
+    cpu = {"cls": Nanny, "options": {"name": "cpu-0", "nthreads": 1, "resources": {"slots": 1}, "memory_limit": 0,
+                                     "dashboard_address": None}}
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    with start(plugin, {"gpu-0": gpu_worker("gpu-0"), "cpu-0": cpu}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_until(lambda: len(plugin.nodes) == 2, what="both declarations")
+        reg = make_registration("rm-x", rm_small(), memory_gb=0.002).to_msg()
+        out = client.sync(client.scheduler.tangram_register_model, registration=reg)
+        assert (out["status"], out["workers"], list(out["not_told"])) == ("OK", 1, [])
+        gpu = next(a for a, d in plugin.nodes.items() if d.gpus)
+        known = client.run(lambda dask_worker: sorted(dask_worker.plugins["tangram"].residency.registrations),
+                           workers=[gpu])
+        assert "rm-x" in known[gpu]

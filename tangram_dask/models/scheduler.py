@@ -95,7 +95,11 @@ class SchedulerResidency:
             self.measured.pop(reg.name, None)  # a new loader: measure again
             self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))
         msg = {"op": WORKER_MODEL_HANDLER, "registration": reg.to_msg()}
-        replies = await self.scheduler.broadcast(msg=msg, on_error="return_pickle")
+        # not to the workers declared without GPUs: they have no handler for it, and each logged an ERROR.
+        # A worker not declared yet is told (its plugin may be past its own fetch of the registrations)
+        nodes = getattr(self.plugin, "nodes", {})
+        to = [w for w in self.scheduler.workers if w not in nodes or nodes[w].gpus]
+        replies = await self.scheduler.broadcast(msg=msg, workers=to, on_error="return_pickle") if to else {}
         failed = sorted(str(w) for w, r in replies.items() if not (isinstance(r, dict) and r.get("status") == "OK"))
         logger.info("tangram: model %s registered (%g GB, load %g s, units %s); %d workers told",
                     reg.name, reg.memory_gb, reg.load_s, reg.units, len(replies) - len(failed))
