@@ -350,3 +350,24 @@ def test_a_scorer_that_reports_a_bad_size_fails_its_load_and_holds_nothing(files
     assert res.get("ok", timeout=10).score([("x", "x")])
     assert res.used == [files["small"][1]]
     res.close()
+
+
+def test_loads_waiting_for_pinned_replicas_on_some_gpus_do_not_hold_up_a_load_onto_another(files):
+    """Four actions pin small's replicas on GPUs 0-3 (cancelled by their client, say, with their threads still
+    running); the policy grants mid on each of those GPUs, evicting them, and those loads wait for the pins.
+    A load onto GPU 4, free, goes at once: loads run per GPU. Before session 31 the worker's four load threads
+    were shared, all four waited, and so did it (24.5 s live, until the unrelated pins went)."""
+    res = ledger(files, [1_000_000] * 5)
+    for g in range(4):
+        res.prepare(f"old-{g}", g, "small", (g,))
+        res.get(f"old-{g}", timeout=10)
+    for g in range(4):
+        res.prepare(f"new-{g}", 10 + g, "mid", (g,), evict=(g,))
+    res.prepare("other", 20, "small", (4,))
+    assert res.get("other", timeout=5).score([("x", "x")])  # TimeoutError-like ModelError before the fix
+    assert all(res.replicas[10 + g].state == "loading" for g in range(4))  # still waiting for their pins
+    for g in range(4):
+        res.unpin(f"old-{g}")
+    for g in range(4):
+        res.get(f"new-{g}", timeout=10)
+    res.close()
