@@ -341,6 +341,17 @@ def _ready_replica_naive(pol, model, spec):
     return best
 
 
+def _serve(pol, busy) -> None:
+    """The replicas of ``pol`` indexed by ``busy`` (in placement order) serve, where their GPUs are idle."""
+    rids = list(pol.gpu.replicas)
+    for i in sorted(busy):
+        if i < len(rids):
+            r = pol.gpu.replicas[rids[i]]
+            st_ = pol.gpu.nodes[r.node]
+            if not r.busy and not any(st_.gpus[g].busy for g in r.gpus):
+                pol.gpu.acquire(rids[i], 0.0)
+
+
 @settings(max_examples=300, deadline=None)
 @given(replicas=st.lists(st.tuples(st.sampled_from(["prm", "judge"]), st.integers(0, 7), st.integers(1, 3)),
                          min_size=1, max_size=14),
@@ -359,13 +370,7 @@ def test_ready_replica_ends_early_with_the_same_choice(replicas, busy, lo, extra
     cluster = ClusterSpec("g", (), (GpuNode("gpu-0", 8, 80.0, (4, 4)),), 2.0, 0)
     pol = TangramPolicy(cluster, {"prm": ModelSpec("prm", 6.0, 10.0), "judge": ModelSpec("judge", 6.0, 10.0)},
                         specs, options=TangramOptions(spare_shared=float(spare)))
-    rids = list(pol.gpu.replicas)
-    for i in sorted(busy):
-        if i < len(rids):
-            r = pol.gpu.replicas[rids[i]]
-            st_ = pol.gpu.nodes[r.node]
-            if not r.busy and not any(st_.gpus[g].busy for g in r.gpus):
-                pol.gpu.acquire(rids[i], 0.0)
+    _serve(pol, busy)
     spec = ActionSpec("prm_call", "gpu", lo, lo + extra, 0.8, 1.0, "t0", "prm")
     assert pol._ready_replica("prm", spec) == _ready_replica_naive(pol, "prm", spec)
 
@@ -390,13 +395,7 @@ def _load_site_policy(replicas, busy, nodes: int, scan: float):
             specs.append(ReplicaSpec(m, f"gpu-{n % nodes}", gpus))
     pol = TangramPolicy(ClusterSpec("g", (), gpu_nodes, 2.0, 0), models, specs,
                         options=TangramOptions(site_scan=scan))
-    rids = list(pol.gpu.replicas)
-    for i in sorted(busy):
-        if i < len(rids):
-            r = pol.gpu.replicas[rids[i]]
-            st_ = pol.gpu.nodes[r.node]
-            if not r.busy and not any(st_.gpus[g].busy for g in r.gpus):
-                pol.gpu.acquire(rids[i], 0.0)
+    _serve(pol, busy)
     return pol
 
 
