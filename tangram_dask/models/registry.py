@@ -84,12 +84,10 @@ def make_registration(name: str, loader: Callable[..., Any], *, memory_gb: float
     """Check the arguments of :func:`register_model` and build its message (ModelError naming a bad one)."""
     from distributed.protocol.pickle import dumps
 
-    if not isinstance(name, str) or not name.strip():
-        raise ModelError(f"register_model: name = {name!r}: must be a non-empty string")
+    name, mem, (lo, hi), ls = check_model_fields(name, memory_gb, units, load_s)
     if not callable(loader):
         raise ModelError(f"register_model({name!r}): loader = {loader!r} is not callable: pass a function "
                          f"(devices) -> scorer")
-    name, mem, (lo, hi), ls = check_model_fields(name, memory_gb, units, load_s)
     try:
         blob = dumps(loader)
     except Exception as e:
