@@ -241,9 +241,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._admitted: set[str] = set()
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
-        # actions with a timeout_s granted ahead (their worker's slots were busy): their timer waits for the
-        # worker's word that they started (STARTED_HANDLER)
-        self._ahead_timed: dict[Hashable, Grant] = {}
+        # CPU actions with a timeout_s on a worker that reports starts: their timer waits for the worker's word
+        # that they started (STARTED_HANDLER). They may wait there: sent ahead, or behind a thread that ran past
+        # its own timeout and still holds its slots (the ledger freed them)
+        self._start_timed: dict[Hashable, Grant] = {}
+        self._reports_starts: set[str] = set()  # the workers that report those starts
         self._restrict: dict[str, frozenset] = {}  # worker -> the shared restriction set naming it
         # (the user's annotations by value, grant wire form) -> the granted annotations: one dict shared by
         # the actions with equal annotations and equal grants (see _granted_annotations)
@@ -354,9 +356,12 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         decl = WorkerDeclaration.from_msg(declaration)
         if self.scheduler is None or worker not in self.scheduler.workers:
             return {"status": "unknown-worker"}
+        starts = bool(declaration.get("starts"))  # it reports when a timed action starts: its timer waits
         old = self.nodes.get(worker)
         if old == decl:
-            return {"status": "OK"}
+            if starts:
+                self._reports_starts.add(worker)
+            return {"status": "OK", "starts": True}
         if old is not None:
             busy = any(r.node == worker for r in self.policy.running.values())
             if busy:
@@ -365,7 +370,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 return {"status": "busy"}
             self._leave(worker)
         self._join(worker, decl)
-        return {"status": "OK"}
+        if starts and worker in self.nodes:
+            self._reports_starts.add(worker)
+        return {"status": "OK", "starts": True}
 
     def _join(self, addr: str, decl: WorkerDeclaration) -> None:
         ws = self.scheduler.workers[addr]
@@ -403,6 +410,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         decl = self.nodes.pop(addr, None)
         self._cpu_workers.pop(addr, None)
         self._api_workers.pop(addr, None)
+        self._reports_starts.discard(addr)
         if decl is None or not (decl.gpus or decl.slots):
             return []
         return self.policy.remove_node(addr)
@@ -496,8 +504,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
-        if self._ahead_timed:
-            self._ahead_timed.pop(key, None)
+        if self._start_timed:
+            self._start_timed.pop(key, None)
         if a is not None and a.annotations is not None and ts is not None:
             ts.annotations, a.annotations = a.annotations, None  # the user's own dict back: no copy per task
             return
@@ -704,10 +712,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if self.grants is not None:
             self.grants[key] = grant
         if spec.timeout_s is not None:
-            if res == "cpu" and self.policy.cpu.room(worker) < 0:
-                # dispatched ahead: it waits on the worker for slots, and its run time starts when it starts
-                # there (before session 31 its timeout counted from here: it erred as "ran past" unstarted)
-                self._ahead_timed[key] = grant
+            if res == "cpu" and worker in self._reports_starts:
+                # its run time starts when it starts on the worker (before session 31 its timeout counted from
+                # here, and one that waited there for slots erred as "ran past its timeout_s" unstarted)
+                self._start_timed[key] = grant
             else:
                 self._arm(key, grant, spec.timeout_s)
         if res == "api":
@@ -805,10 +813,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             (timeout_s + grant.setup_s) * self.options.time_scale, self._timed_out, key, grant)
 
     def _handle_started(self, worker: str = "", key: Any = None, **_: Any) -> None:
-        """A worker started an action that has a timeout_s: if it was granted ahead, its timer starts now."""
-        grant = self._ahead_timed.pop(key, None)
-        if grant is None:
+        """A worker started a CPU action that has a timeout_s: its timer starts now."""
+        grant = self._start_timed.get(key)
+        if grant is None or grant.worker != worker:  # (a late word from a worker it was granted on before)
             return
+        del self._start_timed[key]
         a = self.actions.get(key)
         if a is not None and a.grant is grant and a.state == GRANTED and a.spec.timeout_s is not None:
             self._arm(key, grant, a.spec.timeout_s)

@@ -91,9 +91,9 @@ class ActionSpec:
                 continue
             if type(v) is not float or not (0.0 <= v <= SECONDS_LIMIT) or (v == 0.0 and not allow_zero):
                 _set(self, name, _seconds(name, v, allow_zero=allow_zero, optional=optional))
-        if self.trajectory is not None and type(self.trajectory) is not str:
-            if not isinstance(self.trajectory, str):
-                raise SpecError("trajectory", self.trajectory, "must be a string id (or None)")
+        if self.trajectory is not None and (type(self.trajectory) is not str or not self.trajectory):
+            if not isinstance(self.trajectory, str) or not self.trajectory:
+                raise SpecError("trajectory", self.trajectory, "must be a non-empty string id (or None)")
             _set(self, "trajectory", str(self.trajectory))
         if self.resource == "gpu":
             if type(self.model) is not str or not self.model:

@@ -371,6 +371,9 @@ class TangramWorkerPlugin(WorkerPlugin):
         self.declaration: WorkerDeclaration | None = None
         self.facts: GpuFacts | None = None
         self.residency: Any = None  # tangram_dask.models.WorkerResidency on a GPU worker
+        # the scheduler takes the STARTED_HANDLER stream message (it said so when this worker declared); one
+        # of an earlier release would drop this worker at a stream message it does not know
+        self.report_starts = False
 
     async def setup(self, worker: Any) -> None:
         self.worker = worker
@@ -392,7 +395,10 @@ class TangramWorkerPlugin(WorkerPlugin):
             logger.warning("tangram: this worker has --resources gpus but declares no GPU to tangram")
         try:
             rpc = getattr(worker.scheduler, DECLARE_HANDLER)
-            await rpc(worker=worker.contact_address, declaration=decl.to_msg())
+            msg = decl.to_msg()
+            msg["starts"] = True  # this worker reports when a timed action starts (a key older schedulers ignore)
+            reply = await rpc(worker=worker.contact_address, declaration=msg)
+            self.report_starts = isinstance(reply, dict) and bool(reply.get("starts"))
         except Exception:  # the scheduler has no tangram plugin: nothing to declare to
             logger.warning("tangram: could not declare this worker to the scheduler", exc_info=True)
 
@@ -401,12 +407,13 @@ class TangramWorkerPlugin(WorkerPlugin):
             self.residency.close()
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        if finish == "executing" and self.worker is not None:
+        if finish == "executing" and self.report_starts:
             ts = self.worker.state.tasks.get(key)
             ann = ts.annotations if ts is not None else None
             spec = ann.get("tangram") if ann else None
             if isinstance(spec, dict) and spec.get("timeout_s") is not None and ann.get(GRANT_KEY):
-                # its timeout_s counts from here: granted ahead, it waited on this worker for its slots
+                # its timeout_s counts from here: it may have waited on this worker for its slots (granted ahead,
+                # or behind a thread that outlived its own timeout)
                 self.worker.batched_send({"op": STARTED_HANDLER, "key": key})
         if self.declaration is None or not self.declaration.gpus:
             return

@@ -306,3 +306,21 @@ def test_a_reservations_deadline_is_served_at_the_first_pass_after_it():
     assert pol.schedule(deadline - 0.01) == []
     starts, _ = by_class(pol.schedule(deadline + 0.01))
     assert starts["elephant"].units == 1 and not pol.reserved
+
+
+def test_a_reservation_that_started_early_leaves_no_deadline_behind():
+    """The elephant's reservation gets its slots before its deadline (the long actions end): it starts, and its
+    deadline entry goes at the next pass; left behind, it would have had every later pass drain the CPU pool."""
+    pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
+    for i in range(3):
+        pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
+    pol.schedule(now)
+    pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    pol.schedule(now)
+    deadline = pol.reserved["A"].deadline
+    for i in range(3):
+        pol.finish(f"long{i}", now + 1.0, 1.0)
+    starts, _ = by_class(pol.schedule(now + 1.0))
+    assert starts["elephant"].units == 4 and now + 1.0 < deadline
+    pol.schedule(now + 1.1)
+    assert pol.res_deadlines == [] and not pol.dirty

@@ -233,6 +233,29 @@ def test_timeout_s_counts_from_the_start_of_an_action_dispatched_ahead(two_small
     assert long.result(timeout=30) == 1
 
 
+def test_a_timed_action_behind_a_thread_that_outlived_its_timeout_counts_from_its_own_start(two_small_workers):
+    """Both workers' 2 slots are taken: one by a 6 s action, one by a 3 s action with timeout_s = 0.5. That one
+    errs at 0.5 s and its units are freed in the ledger, but its thread holds the worker's slots until it
+    returns. The next 2-slot action (timeout_s = 2, 0.3 s of work) goes there, waits ~2.5 s for the thread,
+    and ends well: its timeout counts from its start, which the worker reports (it has said it would, when it
+    declared). Before, it counted from the grant, and the runaway thread made it err unstarted."""
+    client, plugin = two_small_workers
+    assert client.run(lambda dask_worker: dask_worker.plugins["tangram"].report_starts) == dict.fromkeys(
+        client.scheduler_info()["workers"], True)
+    with tangram_dask.action(kind="long", resource="cpu", units=2, hint_s=6.0):
+        long = client.submit(_sleep, 6.0, pure=False)
+    with tangram_dask.action(kind="runaway", resource="cpu", units=2, hint_s=0.1, timeout_s=0.5):
+        runaway = client.submit(_sleep, 3.0, pure=False)
+    with pytest.raises(tangram_dask.PlacementError, match="ran past its timeout_s = 0.5 s"):
+        runaway.result(timeout=30)
+    t0 = time.monotonic()
+    with tangram_dask.action(kind="next", resource="cpu", units=2, hint_s=0.3, timeout_s=2.0):
+        nxt = client.submit(_sleep, 0.3, pure=False)
+    assert nxt.result(timeout=30) == 1
+    assert time.monotonic() - t0 > 2.0  # it did wait past its own timeout for the runaway thread: the case described
+    assert long.result(timeout=30) == 1
+
+
 def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
     client, plugin = two_small_workers
     with tangram_dask.action(kind="small", resource="cpu", units=1):

@@ -30,6 +30,8 @@ BAD_SPECS = [
     ("gpu-without-model", dict(kind="judge", resource="gpu"), "model", None),
     ("model-on-cpu-action", dict(kind="k", resource="cpu", model="rm"), "model", "rm"),
     ("negative-hint", dict(kind="k", hint_s=-1.0), "hint_s", -1.0),
+    # begin_trajectory / end_trajectory refuse "", so its state could only go with the TTL (session 31)
+    ("empty-trajectory", dict(kind="k", trajectory=""), "trajectory", ""),
     ("infinite-hint", dict(kind="k", hint_s=math.inf), "hint_s", math.inf),
     ("string-hint", dict(kind="k", hint_s="3s"), "hint_s", "3s"),
     ("parallel-fraction-above-one", dict(kind="k", units=(1, 4), speedup=1.5), "speedup.parallel_fraction", 1.5),

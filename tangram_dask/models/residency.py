@@ -230,6 +230,8 @@ class Residency:
             self._drop(r)  # a stale replica under a reused id
             r = None
         if r is None or (r.state in (FAILED, EVICTED) and not r.pins):
+            if self._closed:
+                return self._refused(rid, model, gpus, ModelError("this worker's models are closing: no load"))
             if any(not 0 <= g < len(self.capacity) for g in gpus) or not gpus:
                 return self._refused(rid, model, gpus, ModelError(
                     f"the grant names GPUs {list(gpus)} but this worker has GPUs 0..{len(self.capacity) - 1}"))

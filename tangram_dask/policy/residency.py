@@ -309,11 +309,11 @@ class Residency:
             for gpus, cands in self._idle_sites(name, st, k, waiting):
                 order = self._evict_order(cands, waiting)
                 plan = gp.eviction_plan(name, gpus, share, order)
-                scored += plan is not None
                 if plan is not None and self.opt.residency:
                     stalls = self._stalls(cands, plan)
                     if stalls and not self._loader_starved:
                         plan = None  # it would block another model's only replica for the whole load
+                scored += plan is not None
                 if plan is not None:
                     if self.opt.residency:
                         score = (stalls, len(plan), self._contention(cands, plan), -k)

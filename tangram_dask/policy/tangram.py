@@ -578,8 +578,12 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._now = now  # the pass's time, for the residency rules (they take no ``now`` of their own)
         if self.admission_queue:
             self._admit(now, out)
-        if (self.home_deadlines and self.home_deadlines[0][0] <= now) or \
-                (self.res_deadlines and self.res_deadlines[0][0] <= now):
+        hd, rd = self.home_deadlines, self.res_deadlines
+        while hd and hd[0][2] not in self.home_wait.get(hd[0][3], ()):
+            heapq.heappop(hd)  # its waiter started, left, or was requeued: not a deadline any more
+        while rd and (rd[0][2] not in self.reserved or self.reserved[rd[0][2]].aid != rd[0][3]):
+            heapq.heappop(rd)  # its reservation started or went
+        if (hd and hd[0][0] <= now) or (rd and rd[0][0] <= now):
             # a deadline passed (a wait at home, a reservation's): served now, not at the next CPU event, which
             # on a quiet cluster (a step's last trajectory) may never come
             self.dirty["cpu"] = None
