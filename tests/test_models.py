@@ -290,10 +290,12 @@ def test_the_model_device_benchmark_measures_minilm_through_the_ledger():
 
 
 class _Raises:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+    def __init__(self, exc: BaseException, go=None):
+        self.exc, self.go = exc, go
 
     def __call__(self, devices):
+        if self.go is not None:
+            self.go.wait(10)
         raise self.exc
 
 
@@ -310,12 +312,14 @@ def test_a_load_that_fails_while_the_worker_shuts_down_is_not_logged_as_a_broken
     from tangram_dask.models import ModelEntry, Residency
     import threading
     reported = threading.Event()  # the failure is logged, then reported
-    res = Residency([10**9], lambda name: ModelEntry(name, _Raises(exc), 1000), lambda gpus: ("cpu",),
+    go = threading.Event()  # the loader fails once let go: after close() began, where ``closed``
+    res = Residency([10**9], lambda name: ModelEntry(name, _Raises(exc, go), 1000), lambda gpus: ("cpu",),
                     report=lambda rep: reported.set() if rep.state == "failed" else None)
-    if closed:
-        res._closed = True  # as close() sets it, without shutting the load threads (the load must still run)
     with caplog.at_level("INFO", logger="tangram_dask.models"):
-        res.prepare("a", 1, "rm", (0,))
+        res.prepare("a", 1, "rm", (0,))  # (a closed residency starts no load: it began before the close)
+        if closed:
+            res._closed = True  # as close() sets it, without shutting the load threads (the load must still run)
+        go.set()
         with pytest.raises(ModelError, match=f"the loader of model 'rm' failed on GPUs \\[0\\].*{type(exc).__name__}"):
             res.get("a", timeout=10)
         assert reported.wait(10)

@@ -371,3 +371,14 @@ def test_loads_waiting_for_pinned_replicas_on_some_gpus_do_not_hold_up_a_load_on
     for g in range(4):
         res.get(f"new-{g}", timeout=10)
     res.close()
+
+
+def test_a_closed_ledger_starts_no_load(files):
+    """After close() (the worker shutting down), a grant that needs a load gets an error saying so: no load
+    thread is started for it (one could be, on a GPU whose pool did not exist yet)."""
+    res = ledger(files, [1_000_000])
+    res.close()
+    res.prepare("late", 0, "small", (0,))
+    with pytest.raises(ModelError, match="closing: no load"):
+        res.get("late", timeout=5)
+    assert res.used == [0] and not res._pools
