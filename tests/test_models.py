@@ -134,6 +134,26 @@ def test_registering_the_same_loader_again_keeps_what_its_loads_measured(env):
         assert client.submit(judge, "rm-small", "x", "x", pure=False).result()[0] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_a_new_loader_registered_smaller_keeps_the_resident_replicas_size_until_it_is_measured(env, tmp_path):
+    """rm-small is resident; a new loader (its weights copied elsewhere) is registered under the same name with a
+    smaller memory_gb. Its replicas already resident stay (the old loader's), so the policy keeps the measured size
+    until the new loader's first load measures its own; then it has that."""
+    import shutil
+
+    from tangram_dask.models.builtin import WEIGHTS
+
+    client, plugin, _ = env
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-small"):
+        client.submit(judge, "rm-small", "a", "a", pure=False).result()
+    measured = models_snapshot(client)["measured"]["rm-small"]["memory_gb"]
+    copy = tmp_path / "weights.npz"
+    shutil.copy(WEIGHTS, copy)
+    register_model(client, "rm-small", rm_small(copy), memory_gb=0.0001, load_s=0.5)
+    assert "rm-small" not in models_snapshot(client)["measured"]  # a new loader: measured again
+    assert plugin.policy.models["rm-small"].gpu_memory_gb == pytest.approx(measured)
+    register_model(client, "rm-small", rm_small(), memory_gb=0.002, load_s=0.5)  # as the other tests expect it
+
+
 def _safetensors_bytes(path: str) -> int:
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]

@@ -93,7 +93,13 @@ class SchedulerResidency:
             self._tell_policy(ModelSpec(reg.name, m.memory_gb, m.planned_load_s / scale))
         else:
             self.measured.pop(reg.name, None)  # a new loader: measure again
-            self._tell_policy(ModelSpec(reg.name, reg.memory_gb, reg.load_s))
+            gb = reg.memory_gb
+            if m is not None and any(r.model == reg.name and r.state == "resident"
+                                     for reps in self.replicas.values() for r in reps.values()):
+                # replicas of the old loader stay resident at their measured size: the policy's ledger keeps
+                # them at least that big until the new loader's first load measures it
+                gb = max(gb, m.memory_gb)
+            self._tell_policy(ModelSpec(reg.name, gb, reg.load_s))
         msg = {"op": WORKER_MODEL_HANDLER, "registration": reg.to_msg()}
         # not to the workers declared without GPUs: they have no handler for it, and each logged an ERROR.
         # A worker not declared yet is told (its plugin may be past its own fetch of the registrations)
