@@ -82,29 +82,22 @@ def plan_scale(group: str, kind: str, current: int, target: int, minimum: int, m
     return ScalePlan(group, kind, current, target, desired, reason)
 
 
-def _int_annotation(annotations: Mapping[str, str], key: str, default: int) -> int:
+def _annotation(annotations: Mapping[str, str], key: str, default: Any, convert: Callable[[Any], Any], what: str):
+    """``convert`` of the annotation ``key`` (``default`` where absent), else ValueError naming it."""
     v = annotations.get(key, default)
     try:
-        return int(v)
+        return convert(v)
     except (TypeError, ValueError):
-        raise ValueError(f"annotation {key}={v!r} is not a whole number") from None
+        raise ValueError(f"annotation {key}={v!r} is not {what}") from None
 
 
 def bounds_of(annotations: Mapping[str, str], minimum: int, maximum: int) -> tuple[int, int]:
-    lo = _int_annotation(annotations, MIN_ANNOTATION, minimum)
-    hi = _int_annotation(annotations, MAX_ANNOTATION, maximum)
+    lo = _annotation(annotations, MIN_ANNOTATION, minimum, int, "a whole number")
+    hi = _annotation(annotations, MAX_ANNOTATION, maximum, int, "a whole number")
     if lo < 0 or hi < lo:
         raise ValueError(f"group bounds ({MIN_ANNOTATION}, {MAX_ANNOTATION}) must satisfy 0 <= minimum <= maximum, "
                          f"got [{lo}, {hi}]")
     return lo, hi
-
-
-def _cooldown_of(annotations: Mapping[str, str]) -> float:
-    v = annotations.get(COOLDOWN_ANNOTATION, 0.0)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"annotation {COOLDOWN_ANNOTATION}={v!r} is not a time") from None
 
 
 def kind_of_group(name: str, annotations: Mapping[str, str], kinds: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -184,7 +177,7 @@ async def scale_once(api: Any, cluster: str, namespace: str, scheduler: str, *, 
         current = int(g.get("spec", {}).get("worker", {}).get("replicas", 0))
         try:
             lo, hi = bounds_of(ann, minimum, maximum)
-            cooldown_until = _cooldown_of(ann)
+            cooldown_until = _annotation(ann, COOLDOWN_ANNOTATION, 0.0, float, "a time")
         except ValueError as e:  # one group's bad annotation: that group is left as it is, the others scale
             logger.error("tangram k8s-scale: group %s is not scaled: %s", name, e)
             continue

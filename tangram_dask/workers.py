@@ -41,6 +41,7 @@ from typing import Any, Callable
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import config as _config
+from .annotate import ANNOTATION
 from .errors import ConfigError
 from .messages import DECLARE_HANDLER, GRANT_KEY, STARTED_HANDLER, WorkerDeclaration, granted
 
@@ -410,7 +411,7 @@ class TangramWorkerPlugin(WorkerPlugin):
         if finish == "executing" and self.report_starts:
             ts = self.worker.state.tasks.get(key)
             ann = ts.annotations if ts is not None else None
-            spec = ann.get("tangram") if ann else None
+            spec = ann.get(ANNOTATION) if ann else None
             if isinstance(spec, dict) and spec.get("timeout_s") is not None and ann.get(GRANT_KEY):
                 # its timeout_s counts from here: it may have waited on this worker for its slots (granted ahead,
                 # or behind a thread that outlived its own timeout)

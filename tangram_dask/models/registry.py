@@ -61,7 +61,7 @@ def check_model_fields(name: Any, memory_gb: Any, units: Any, load_s: Any) -> tu
                      f"1 <= min <= max GPUs")
     if isinstance(units, numbers.Integral) and not isinstance(units, bool):
         lo = hi = units
-    elif isinstance(units, (str, bytes, bool)) or units is None:
+    elif isinstance(units, (str, bytes)):  # (b"12" would unpack to two ints)
         raise bad
     else:
         try:

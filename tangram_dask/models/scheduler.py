@@ -89,8 +89,7 @@ class SchedulerResidency:
             # measured still holds, and its replicas resident at that size stay. Before session 31 a smaller
             # memory_gb here shrank them in the policy's ledger: another model was then placed beside one on a
             # GPU without the room, its worker refused it, and each of its actions failed, blaming it
-            scale = getattr(getattr(self.plugin, "options", None), "time_scale", 1.0) or 1.0
-            self._tell_policy(ModelSpec(reg.name, m.memory_gb, m.planned_load_s / scale))
+            self._tell_policy(ModelSpec(reg.name, m.memory_gb, m.planned_load_s / self._time_scale()))
         else:
             self.measured.pop(reg.name, None)  # a new loader: measure again
             gb = reg.memory_gb
@@ -207,7 +206,7 @@ class SchedulerResidency:
     def _measured(self, r: ResidencyReport) -> None:
         k = max(1, len(r.gpus))
         gb = r.bytes_per_gpu * k / 1e9
-        scale = getattr(getattr(self.plugin, "options", None), "time_scale", 1.0) or 1.0
+        scale = self._time_scale()
         prev = self.measured.get(r.model)
         reg = self.registrations.get(r.model)
         # A worker process's first load of a model also pays for what happens once per process (the framework's
@@ -225,6 +224,10 @@ class SchedulerResidency:
                         r.model, gb, r.measured_by, r.param_bytes, r.load_s,
                         f" (declared {reg.memory_gb:g} GB, {reg.load_s:g} s)" if reg else "")
         self._tell_policy(ModelSpec(r.model, gb, plan / scale))
+
+    def _time_scale(self) -> float:
+        """The plugin's ``time_scale`` (real seconds per policy second): load times go to the policy divided by it."""
+        return getattr(getattr(self.plugin, "options", None), "time_scale", 1.0) or 1.0
 
     def _tell_policy(self, spec: ModelSpec) -> None:
         pol = self.plugin.policy
