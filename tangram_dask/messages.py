@@ -31,6 +31,7 @@ WORKER_MODEL_HANDLER = "tangram_worker_model"  # the scheduler hands a worker a 
 WORKER_EVICT_HANDLER = "tangram_worker_evict"  # the scheduler asks a worker to evict an idle replica
 STARTED_HANDLER = "tangram_started"  # a worker's stream message: an action with a timeout_s starts executing
 WORKER_LOAD_HANDLER = "tangram_worker_load"  # the scheduler asks a worker to load a replica ahead of its actions
+UNSTARTED_HANDLER = "tangram_unstarted"  # the scheduler asks a paused worker which of its actions have not started
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,7 @@ from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .client import check_expectations, check_expected_s, check_trajectory
 from .errors import PlacementError, SpecError, TrajectoryError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER,
-                       GRANT_KEY, SNAPSHOT_HANDLER, STARTED_HANDLER, WORKER_LOAD_HANDLER, Grant,
+                       GRANT_KEY, SNAPSHOT_HANDLER, STARTED_HANDLER, UNSTARTED_HANDLER, WORKER_LOAD_HANDLER, Grant,
                        WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
@@ -156,6 +156,7 @@ class PluginStats:
     flush_s: float = 0.0
     policy_errors: int = 0
     loads_ahead: int = 0  # Load decisions sent to workers (background loads)
+    revoked: int = 0  # grants taken back because their worker paused before Dask could send them
 
 
 def _frozen(x: Any) -> Any:
@@ -436,6 +437,95 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 a.state, a.grant = PENDING, None
                 self.stats.submitted += 1
         self._kick()
+
+    # -- worker status: a paused worker takes nothing new ---------------------------------
+    def log_event(self, topic: Any, msg: Any) -> None:
+        """Dask logs a worker's status change (``paused`` when its memory passes the pause fraction,
+        ``closing_gracefully`` while it retires, ``running`` again): the policy cordons or uncordons it,
+        on the loop, once the scheduler's own handler has run."""
+        if (type(msg) is dict and msg.get("action") == "worker-status-change" and isinstance(topic, str)
+                and self.scheduler is not None):
+            self.scheduler.loop.add_callback(self._status_changed, topic)
+
+    def _status_changed(self, addr: str) -> None:
+        """Dask sends no task to a worker that is not running. A grant there would wait in ``no-worker``
+        until it ran again (on a worker paused for good, forever), holding its units, while the policy went
+        on placing there: the node is cordoned instead, and its grants Dask has not sent are placed anew."""
+        sched, pol = self.scheduler, self.policy
+        ws = sched.workers.get(addr) if sched is not None else None
+        if ws is None or pol is None or addr not in self.nodes:
+            return
+        now = self.now()
+        try:
+            if ws.status == Status.running:
+                if pol.uncordon(addr, now):
+                    logger.info("tangram: worker %s runs again: it takes actions again", addr)
+            elif ws.status in (Status.paused, Status.closing_gracefully):
+                if pol.cordon(addr, now):
+                    logger.warning("tangram: worker %s is %s: no new action goes there until it runs again "
+                                   "(its running actions go on)", addr, ws.status.name)
+                self._revoke(addr, now)
+        except Exception:  # a policy bug must not take the scheduler's event log down
+            logger.exception("tangram: the policy failed on the status change of worker %s", addr)
+            self.stats.policy_errors += 1
+        self._kick()
+
+    def _revoke(self, addr: str, now: float) -> None:
+        """The grants on ``addr`` that Dask could not send (the task is still in ``no-worker``): the policy
+        frees their units and queues them again, as new, for the next pass."""
+        tasks = self.scheduler.tasks
+        sent = []
+        for key, a in list(self.actions.items()):
+            g = a.grant
+            if a.state != GRANTED or g is None or g.worker != addr:
+                continue
+            ts = tasks.get(key)
+            if ts is None:
+                continue
+            if ts.state != "no-worker":
+                if ts.state == "processing":
+                    sent.append(key)
+                continue
+            self.policy.cancel(key, now)
+            timer = self._timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+            self._start_timed.pop(key, None)
+            if self.grants is not None:
+                self.grants.pop(key, None)
+            if a.annotations is not None:
+                ts.annotations, a.annotations = a.annotations, None  # the user's own dict back
+            ts.worker_restrictions = PARKED
+            ts.resource_restrictions = None
+            a.state, a.grant = PENDING, None
+            self.policy.submit(key, a.spec, now)
+            self.stats.revoked += 1
+        if sent:
+            self.scheduler.loop.add_callback(self._move_unstarted, addr, sent)
+
+    async def _move_unstarted(self, addr: str, keys: list[Hashable]) -> None:
+        """The actions sent to the paused worker ``addr`` that it has not begun (dispatched ahead of a free
+        slot) leave it: Dask releases them there and they wait for the policy again. A paused worker begins
+        nothing, so none has run; one the worker began after all (it ran again meanwhile) stays."""
+        sched = self.scheduler
+        try:
+            idx = await getattr(sched.rpc(addr), UNSTARTED_HANDLER)(keys=list(keys))
+        except Exception as e:  # gone, or a worker plugin of an earlier release: they start once it runs again
+            logger.info("tangram: could not ask paused worker %s which actions it has not begun: %s", addr, e)
+            return
+        ws = sched.workers.get(addr)
+        if ws is None or ws.status not in (Status.paused, Status.closing_gracefully):
+            return  # it left (they are placed again) or runs again: they start there
+        recs = {}
+        for i in idx if isinstance(idx, (list, tuple)) else ():
+            if type(i) is not int or not 0 <= i < len(keys):
+                continue
+            ts = sched.tasks.get(keys[i])
+            if ts is not None and ts.state == "processing" and ts.processing_on is ws:
+                recs[keys[i]] = "released"
+        if recs:  # processing -> released -> waiting: the transition hook cancels each grant, then queues it anew
+            self.stats.revoked += len(recs)
+            sched.transitions(recs, f"tangram-paused-{time.time()}")
 
     # -- graph and transitions ------------------------------------------------------
     def update_graph(self, scheduler: Any, *, annotations: dict[str, dict[Hashable, Any]] | None = None,

@@ -43,7 +43,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from . import config as _config
 from .annotate import ANNOTATION
 from .errors import ConfigError
-from .messages import DECLARE_HANDLER, GRANT_KEY, STARTED_HANDLER, WorkerDeclaration, granted
+from .messages import DECLARE_HANDLER, GRANT_KEY, STARTED_HANDLER, UNSTARTED_HANDLER, WorkerDeclaration, granted
 
 logger = logging.getLogger("tangram_dask.workers")
 
@@ -107,6 +107,11 @@ def parse_visible_devices(value: str | None) -> list[int | str] | None:
                               f"entry {tok!r} is neither a device index nor a GPU-/MIG- UUID "
                               f"(set it to e.g. '0,1' or 'GPU-<uuid>')")
     return out
+
+
+def _key(k: Any) -> Any:
+    """A task key as sent over msgpack (tuples arrive as lists) back to its own form."""
+    return tuple(_key(x) for x in k) if isinstance(k, list) else k
 
 
 def _text(v: Any) -> str:
@@ -378,6 +383,7 @@ class TangramWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker: Any) -> None:
         self.worker = worker
+        worker.handlers[UNSTARTED_HANDLER] = self.unstarted
         cfg = _config.validate("worker")  # a bad key or value: ConfigError naming it
         self.declaration, self.facts = decl, facts = declare_facts(dict(worker.state.total_resources), cfg)
         if decl.source == "nvml":
@@ -402,6 +408,18 @@ class TangramWorkerPlugin(WorkerPlugin):
             self.report_starts = isinstance(reply, dict) and bool(reply.get("starts"))
         except Exception:  # the scheduler has no tangram plugin: nothing to declare to
             logger.warning("tangram: could not declare this worker to the scheduler", exc_info=True)
+
+    def unstarted(self, keys: Any = ()) -> list[int]:
+        """The positions in ``keys`` of the tasks this worker holds and has not begun executing (waiting for
+        slots or threads). A paused worker begins none: the scheduler moves them (positions, not keys,
+        because msgpack makes a tuple key a list)."""
+        tasks = self.worker.state.tasks
+        out = []
+        for i, key in enumerate(keys or ()):
+            ts = tasks.get(_key(key))
+            if ts is not None and ts.state in ("waiting", "ready", "constrained"):
+                out.append(i)
+        return out
 
     async def teardown(self, worker: Any) -> None:
         if self.residency is not None:

@@ -397,3 +397,46 @@ def test_a_measured_model_size_resizes_its_replicas_shares():
     g.resize("big", 8.0)  # declared larger than it is: the room it does not take is free again
     assert g.nodes["g"].gpus[0].mem_free == pytest.approx(36.0) == g.nodes["g"].gpus[1].mem_free
     g.resize("nobody", 1.0)  # a model with no replica: nothing to do
+
+
+# -- cordon (a paused worker: nothing new placed there, what runs there releases as usual) -----------------------
+def test_a_cordoned_cpu_node_shows_no_room_and_holds_what_frees_there():
+    pool = cpu_pool([("a", 2, 1), ("b", 3, 0)], [("take", "a", 2)])  # a: 3 units (2 slots + 1 ahead), 1 free
+    assert pool.cordon("a") and not pool.cordon("a") and not pool.cordon("nope")
+    # a's free unit is held: b is the only node with room, whatever is asked
+    assert cpu_view(pool) == {"free": {"a": 0, "b": 3}, "max_free": 3, "most_free": "b", "total": 6,
+                              "total_free": 3, "slots": 5, "slots_free": 2}
+    assert pool.first_fit(1) == pool.fit_node(1) == "b" and pool.fit_node(1, skip={"b": None}) is None
+    pool.give("a", 2)  # the action running there ends: its units go to the hold, not to placement
+    assert pool.free["a"] == 0 and pool.held == {"a": 3} and pool.total_free == 3
+    with pytest.raises(OverAllocation, match="would exceed capacity 3"):
+        pool.give("a", 1)  # the hold counts toward capacity: no unit is counted twice
+    with pytest.raises(OverAllocation):
+        pool.take("a", 1)
+    assert pool.uncordon("a") and not pool.uncordon("a")
+    # (a tie: the node whose units freed last comes last, as after any give)
+    assert cpu_view(pool) == {"free": {"a": 3, "b": 3}, "max_free": 3, "most_free": "b", "total": 6,
+                              "total_free": 6, "slots": 5, "slots_free": 5}
+    pool.cordon("b")
+    pool.remove("b")  # a cordoned node may leave
+    assert pool.held == {} and pool.total == 3 and pool.total_free == 3
+
+
+def test_a_cordoned_gpu_node_has_no_ready_replica_and_no_idle_gpu_until_uncordoned():
+    pool, rids = gpu_pool([("place", "A", (0,), 40.0), ("place", "B", (2, 3), 100.0), ("acquire", 1)])
+    assert pool.cordon("g") and not pool.cordon("g") and not pool.cordon("nope")
+    assert gpu_view(pool, rids) == {"mem_free": [40, 80, 30, 30], "busy": [True] * 4, "idle": 0,
+                                    "idle_in_group": [0, 0], "ready": {"A": [], "B": []}, "resident": [0, 1]}
+    assert pool.nodes["g"].most_idle == 0 and not pool.idle_nodes
+    with pytest.raises(OverAllocation, match="is not free"):
+        pool.acquire(rids[0], 2.0)
+    pool.release(rids[1], 2.0)  # B's action ends: B is idle, its GPUs stay held
+    assert not pool.replicas[rids[1]].busy
+    assert gpu_view(pool, rids)["busy"] == [True] * 4 and pool.idle == 0 and pool.ready["B"] == {}
+    assert pool.uncordon("g") and not pool.uncordon("g")
+    assert gpu_view(pool, rids) == {"mem_free": [40, 80, 30, 30], "busy": [False] * 4, "idle": 4,
+                                    "idle_in_group": [2, 2], "ready": {"A": [0], "B": [1]}, "resident": [0, 1]}
+    assert pool.nodes["g"].most_idle == 2 and list(pool.idle_nodes) == ["g"]
+    pool.cordon("g")
+    pool.remove("g")
+    assert pool.idle == 0 and pool.total == 0

@@ -324,3 +324,78 @@ def test_a_reservation_that_started_early_leaves_no_deadline_behind():
     assert starts["elephant"].units == 4 and now + 1.0 < deadline
     pol.schedule(now + 1.1)
     assert pol.res_deadlines == [] and not pol.dirty
+
+
+# -- a cordoned node (its worker paused): nothing new goes there, what runs there ends as usual ---------------------
+@pytest.mark.parametrize("name", ["tangram", "fifo"])
+def test_a_cordoned_node_takes_nothing_new_until_uncordoned(name):
+    pol = policy(name, slots=(2, 2), ahead=1)
+    pol.submit("r", cpu(1), 0.0)
+    (first,) = by_class(pol.schedule(0.0))[0].values()
+    busy, other = first.node, ({"n0", "n1"} - {first.node}).pop()
+    assert pol.cordon(busy, 0.1) and pol.cordoned() == [busy] and not pol.cordon(busy, 0.1)
+    for i in range(6):
+        pol.submit(f"a{i}", cpu(1), 0.2)
+    starts, _ = by_class(pol.schedule(0.2))
+    assert {d.node for d in starts.values()} == {other} and len(starts) == 3  # 2 slots + 1 ahead, none on busy
+    pol.finish("r", 0.5, 0.4)  # what ran there ends: its slot is not given out
+    assert by_class(pol.schedule(0.5)) == ({}, {})
+    assert pol.uncordon(busy, 0.6) and pol.cordoned() == [] and not pol.uncordon(busy, 0.6)
+    starts, _ = by_class(pol.schedule(0.6))
+    assert {d.node for d in starts.values()} == {busy} and len(starts) == 3  # its 2 slots and 1 ahead again
+    for aid in [*starts, *(f"a{i}" for i in range(3))]:
+        pol.finish(aid, 1.0, 0.4)
+    assert pol.cpu.total_free == pol.cpu.total == 6 and not pol.running
+
+
+def test_a_reservation_on_a_node_that_is_cordoned_starts_elsewhere():
+    """An elephant holds A's free slot while it collects more; A's worker pauses: the reservation ends, its slot
+    goes to the cordon's hold, and the elephant starts on B rather than on A at its deadline."""
+    pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
+    for i in range(3):
+        pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
+    pol.schedule(now)
+    pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    assert pol.schedule(now) == [] and pol.reserved["A"].aid == "elephant"
+    pol.add_cpu_node(CpuNode("B", 4))  # joins after the reservation was made
+    pol.cordon("A", now)
+    assert not pol.reserved and pol.cpu.held == {"A": 1}
+    starts, _ = by_class(pol.schedule(now + 0.1))
+    assert starts["elephant"].node == "B"
+    for i in range(3):
+        pol.finish(f"long{i}", now + 1, 1.0)
+    assert pol.cpu.held == {"A": 4} and pol.cpu.free["A"] == 0
+
+
+def test_a_cordoned_gpu_node_serves_no_call_and_loads_nothing_until_uncordoned():
+    models = {"judge": ModelSpec("judge", 40.0, 10.0)}
+    pol = TangramPolicy(ClusterSpec("g", (), (GpuNode("g0", 2, 80.0, (2,)), GpuNode("g1", 2, 80.0, (2,)))),
+                        models, ())
+    pol.cordon("g0", 0.0)
+    spec = make_spec("score", "gpu", 1, hint_s=1.0, model="judge")
+    for i in range(4):
+        pol.submit(f"c{i}", spec, 0.0)
+    seen = []
+    now = 0.0
+    for _ in range(20):  # loads and starts, with each load ending at once
+        for d in pol.schedule(now):
+            seen.append(d.node)
+            if not isinstance(d, Start):
+                pol.loaded(d.replica, now)
+            else:
+                pol.finish(d.action, now + 0.5, 0.5)
+        now += 1.0
+    assert seen and set(seen) == {"g1"} and not pol.running
+    assert not any(r.node == "g0" for r in pol.gpu.replicas.values())
+    pol.uncordon("g0", now)
+    spec2 = make_spec("score", "gpu", 1, hint_s=10.0, model="judge")
+    for i in range(8):
+        pol.submit(f"d{i}", spec2, now)
+    nodes = set()
+    for _ in range(20):
+        for d in pol.schedule(now):
+            nodes.add(d.node)
+            if not isinstance(d, Start):
+                pol.loaded(d.replica, now)
+        now += 1.0
+    assert "g0" in nodes  # it takes work again

@@ -301,7 +301,32 @@ class Policy:
         self._nodes_changed()
         return lost
 
+    def cordon(self, name: str, now: float) -> bool:
+        """Node ``name`` takes no new action or load (its worker paused) until :meth:`uncordon`; what runs
+        there goes on and releases as usual. False if the node is unknown or already cordoned."""
+        done = self.cpu.cordon(name) or self.gpu.cordon(name)
+        if done:
+            self._cordoned(name, now)
+        return done
+
+    def uncordon(self, name: str, now: float) -> bool:
+        """Node ``name`` takes work again. False if it was not cordoned."""
+        done = self.cpu.uncordon(name) or self.gpu.uncordon(name)
+        if done:
+            self._capacity_changed()
+            self._uncordoned(name)
+        return done
+
+    def cordoned(self) -> list[str]:
+        """The cordoned nodes, in no set order."""
+        return [*self.cpu.held, *(n for n, st in self.gpu.nodes.items() if st.cordon is not None)]
+
     # -- for subclasses -----------------------------------------------------------
+    def _cordoned(self, name: str, now: float) -> None:
+        """Node ``name`` was cordoned: what the subclass keeps for it (a reservation) goes elsewhere."""
+
+    def _uncordoned(self, name: str) -> None:
+        """Node ``name`` takes work again: what waits for it (actions at their home) may start."""
     def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
         raise NotImplementedError
 

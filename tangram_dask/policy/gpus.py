@@ -96,7 +96,9 @@ class GpuPlacement:
 
     def _frees_at(self, st, i: int, now: float) -> float:
         """When GPU ``i`` of node state ``st`` is expected to free: ``now`` if idle, else the expected end
-        of what its busy replica serves (infinite for a load: its end is not known)."""
+        of what its busy replica serves (infinite for a load: its end is not known, and on a cordoned node)."""
+        if st.cordon is not None:
+            return math.inf
         t = now
         if st.gpus[i].busy:
             for o in st.gpus[i].replicas:

@@ -46,6 +46,9 @@ class CpuPool:
         self.total = 0
         self.total_free = 0
         self.ahead = 0
+        # cordoned nodes (a paused worker): the cordon holds every unit that is or comes free there, so no
+        # placement, home or reservation finds room on it; the units running there go back to the hold
+        self.held: dict[str, int] = {}
         for n in nodes:
             self.add(n.name, n.slots)
 
@@ -69,6 +72,7 @@ class CpuPool:
         self.total_free += slots
 
     def remove(self, name: str) -> None:
+        self.held.pop(name, None)
         f = self.free.pop(name)
         del self._buckets[f][name]
         cap = self.capacity.pop(name)
@@ -149,9 +153,34 @@ class CpuPool:
         f = self.free.get(name)
         if f is None:  # node left while the action ran
             return
-        if f + k > self.capacity[name]:
+        h = self.held.get(name)
+        if f + (h or 0) + k > self.capacity[name]:
             raise OverAllocation(f"give {k} slots back on {name}: would exceed capacity {self.capacity[name]}")
+        if h is not None:
+            self.held[name] = h + k
+            return
         self._move(name, f, f + k)
+
+    # -- cordon ----------------------------------------------------------------------
+    def cordon(self, name: str) -> bool:
+        """No new units on ``name`` (its worker paused): its free units, and those freed later, are held.
+        False if it is unknown or already cordoned."""
+        if name not in self.free or name in self.held:
+            return False
+        f = self.free[name]
+        self.held[name] = f
+        self._move(name, f, 0)
+        return True
+
+    def uncordon(self, name: str) -> bool:
+        """``name`` takes units again: what the cordon held is free. False if it was not cordoned."""
+        h = self.held.pop(name, None)
+        if h is None:
+            return False
+        if h:
+            f = self.free[name]
+            self._move(name, f, f + h)
+        return True
 
     def _move(self, name: str, old: int, new: int) -> None:
         del self._buckets[old][name]
@@ -211,6 +240,8 @@ class GpuNodeState:
     gpus: list[Gpu]
     idle_in_group: list[int]
     most_idle: int = 0  # max(idle_in_group), kept by acquire and release: the load site search reads it per node
+    # cordoned (its worker paused): the GPUs the cordon holds busy, those idle then and those freed since; None if not
+    cordon: set[int] | None = None
 
 
 class GpuPool:
@@ -345,6 +376,9 @@ class GpuPool:
         st = self.nodes.get(r.node)
         if st is None:
             return
+        if st.cordon is not None:  # its GPUs stay busy, held by the cordon: nothing new starts there
+            st.cordon.update(r.gpus)
+            return
         touched: dict[ReplicaId, None] = {}
         for i in r.gpus:
             g = st.gpus[i]
@@ -356,6 +390,48 @@ class GpuPool:
         self.idle += len(r.gpus)
         for other in touched:
             self._refresh(self.replicas[other])
+
+    # -- cordon ----------------------------------------------------------------------
+    def cordon(self, name: str) -> bool:
+        """No new action or load on node ``name`` (its worker paused): its idle GPUs, and those freed later, are
+        held busy, so none of its replicas is ready and no load site is found there; what runs there goes on.
+        False if it is unknown or already cordoned."""
+        st = self.nodes.get(name)
+        if st is None or st.cordon is not None:
+            return False
+        st.cordon = set()
+        for i, g in enumerate(st.gpus):
+            if g.busy:
+                continue
+            g.busy = True
+            st.cordon.add(i)
+            st.idle_in_group[g.group] -= 1
+            self.idle -= 1
+            for other in g.replicas:
+                self.ready[self.replicas[other].model].pop(other, None)
+        st.most_idle = 0
+        self.idle_nodes.pop(name, None)
+        return True
+
+    def uncordon(self, name: str) -> bool:
+        """Node ``name`` takes work again: the GPUs the cordon held are idle. False if it was not cordoned."""
+        st = self.nodes.get(name)
+        if st is None or st.cordon is None:
+            return False
+        held, st.cordon = st.cordon, None
+        touched: dict[ReplicaId, None] = {}
+        for i in held:
+            g = st.gpus[i]
+            g.busy = False
+            st.idle_in_group[g.group] += 1
+            self.idle += 1
+            touched.update(g.replicas)
+        st.most_idle = max(st.idle_in_group, default=0)
+        if st.most_idle:
+            self.idle_nodes[name] = None
+        for other in touched:
+            self._refresh(self.replicas[other])
+        return True
 
     def begin_load(self, rid: ReplicaId, now: float) -> None:
         """A background load: the replica and its GPUs are held (not ready) until :meth:`loaded`."""

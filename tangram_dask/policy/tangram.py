@@ -523,6 +523,18 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self._slots_freed(r.node)
         self.dirty[spec.resource] = None
 
+    def _cordoned(self, name: str, now: float) -> None:
+        rv = self.reserved.pop(name, None)
+        if rv is not None:  # its slots go to the cordon's hold; the action starts elsewhere
+            if rv.held:
+                self.cpu.give(name, rv.held)
+            self.pools["cpu"].rmin -= rv.p.spec.units_min
+            self._requeue(rv.aid, rv.p)
+            self.dirty["cpu"] = None
+
+    def _uncordoned(self, name: str) -> None:
+        self._slots_freed(name)
+
     def _slots_freed(self, node: str) -> None:
         if node in self.home_wait:
             self.freed_nodes[node] = None
