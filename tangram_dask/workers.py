@@ -396,7 +396,8 @@ class TangramWorkerPlugin(WorkerPlugin):
             logger.warning("%s", why)
         if decl.gpus:
             from .models.worker import WorkerResidency  # the models package loads torch only on demand
-            self.residency = WorkerResidency(worker, decl, facts, prepare=bool(cfg.get("prepare-models", True)))
+            self.residency = WorkerResidency(worker, decl, facts, prepare=bool(cfg.get("prepare-models", True)),
+                                             load_timeout_s=float(cfg.get("load-timeout-s", 1800) or 0))
             await self.residency.start()
         elif int(worker.state.total_resources.get("gpus", 0) or 0):
             logger.warning("tangram: this worker has --resources gpus but declares no GPU to tangram")

@@ -38,8 +38,8 @@ def files(tmp_path_factory):
     return {m: weights(tmp, m, rows) for m, rows in (("small", 1000), ("mid", 2000), ("big", 3000))}
 
 
-def ledger(files, capacity, *, declared=None, reports=None, loaders=None, room_wait_s=0.0):
-    entries = {m: ModelEntry(m, (loaders or {}).get(m, NumpyLoader(p)), (declared or {}).get(m, b))
+def ledger(files, capacity, *, declared=None, reports=None, loaders=None, room_wait_s=0.0, timeout_s=None):
+    entries = {m: ModelEntry(m, (loaders or {}).get(m, NumpyLoader(p)), (declared or {}).get(m, b), timeout_s)
                for m, (p, b) in files.items()}
 
     def entry(name):
@@ -382,3 +382,61 @@ def test_a_closed_ledger_starts_no_load(files):
     with pytest.raises(ModelError, match="closing: no load"):
         res.get("late", timeout=5)
     assert res.used == [0] and not res._pools
+
+
+class _Stalls:
+    """A loader that blocks until ``go`` is set (a stalled download), then loads like the numpy one."""
+
+    def __init__(self, path: str, go: threading.Event):
+        self.inner, self.go = NumpyLoader(path), go
+
+    def __call__(self, devices):
+        self.go.wait(30)
+        return self.inner(devices)
+
+
+def test_a_loader_that_does_not_return_in_time_fails_its_load_and_the_gpu_serves_the_next(files, caplog):
+    """The stalled loader's load fails at its deadline and its action gets the error; its estimate stays counted
+    on the GPU while its thread runs on; the next load onto that GPU does not wait behind it; when the stalled
+    loader returns at last, what it returned is dropped and its bytes are free. Before session 32 the load, its
+    action and every later load onto that GPU waited for it (forever, on a download that never ends)."""
+    go = threading.Event()
+    reports = []
+    res = ledger(files, [600_000], reports=reports, timeout_s=0.3,  # big (384 KB) with small, not with another big
+                 loaders={"big": _Stalls(files["big"][0], go)})
+    _, big = files["big"]
+    _, small = files["small"]
+    try:
+        t0 = time.monotonic()
+        res.prepare("stuck", 0, "big", (0,))
+        with pytest.raises(ModelError, match=r"loader of model 'big' did not return within 0\.3 s on GPUs \[0\]"):
+            res.get("stuck", timeout=10)
+        assert time.monotonic() - t0 < 5
+        while len(reports) < 2 and time.monotonic() - t0 < 10:  # reported just after the action is woken
+            time.sleep(0.01)
+        assert [(x.replica, x.state) for x in reports] == [(0, "loading"), (0, "failed")]
+        assert res.used == [big]  # the stalled loader may hold it: still counted
+        res.unpin("stuck")
+        res.prepare("again", 0, "big", (0,))  # the replica granted again: no room beside the stalled load, and why
+        with pytest.raises(ModelError, match=r"not loaded \(0\.\d+ GB of it held by a load given up on"):
+            res.get("again", timeout=10)
+        res.unpin("again")
+        res.prepare("next", 1, "small", (0,))
+        assert res.get("next", timeout=10).score([("x", "x")])  # its GPU's load thread serves the next load
+        assert res.used == [big + small]
+    finally:
+        go.set()
+    deadline = time.monotonic() + 10
+    while res.used != [small] or "given up on (replica 0) returned after all" not in caplog.text:
+        assert time.monotonic() < deadline, res.used
+        time.sleep(0.02)
+    assert res.replicas[0].state == "failed" and res.replicas[0].scorer is None
+    res.close()
+
+
+def test_a_loader_that_returns_in_time_is_not_disturbed_by_its_deadline(files):
+    res = ledger(files, [1_000_000], timeout_s=10.0)
+    res.prepare("k", 0, "mid", (0,))
+    assert res.get("k", timeout=10).score([("x", "x")])
+    assert res.used == [files["mid"][1]] and not res._hung
+    res.close()

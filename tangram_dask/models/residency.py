@@ -58,6 +58,7 @@ class ModelEntry:
     name: str
     loader: Loader
     memory_bytes: int  # one replica, all its GPUs together (declared, or measured by a first load)
+    timeout_s: float | None = None  # a load whose loader has not returned by then fails (None: no deadline)
 
 
 def param_bytes(scorer: Any) -> int:
@@ -192,6 +193,8 @@ class Residency:
         self._pools: dict[int, ThreadPoolExecutor] = {}  # the first GPU of a replica -> the pool of its loads
         self._closed = False
         self._placeholders = 0  # negative ids of refused grants (they hold nothing)
+        self._hung: dict[int, tuple[tuple[int, ...], int]] = {}  # loads given up whose loader runs on: GPUs, bytes
+        self._hung_seq = 0
         self._loaded: set[str] = set()  # models this process has loaded at least once
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
@@ -337,11 +340,14 @@ class Residency:
         """Reserve ``per_gpu`` bytes on each of the replica's GPUs, or raise (under the lock)."""
         for g in r.gpus:
             if self.used[g] + per_gpu > self.capacity[g]:
+                hung = sum(b for gpus, b in self._hung.values() if g in gpus)
+                why = (f"{hung / 1e9:.6g} GB of it held by a load given up on, whose loader has not returned"
+                       if hung else f"the scheduler's memory figures for {r.model} are below what it takes: "
+                                    f"register it with a larger memory_gb")
                 raise ModelError(
                     f"replica {r.rid} of {r.model} {what} {per_gpu / 1e9:.6g} GB on GPU {g}, which has "
                     f"{(self.capacity[g] - self.used[g]) / 1e9:.6g} GB free of {self.capacity[g] / 1e9:.6g}: "
-                    f"not loaded (the scheduler's memory figures for {r.model} are below what it takes: "
-                    f"register it with a larger memory_gb)")
+                    f"not loaded ({why})")
         for g in r.gpus:
             self.used[g] += per_gpu
             self.stats.peak_used[g] = max(self.stats.peak_used[g], self.used[g])
@@ -373,11 +379,7 @@ class Residency:
             try:
                 token = self.probe.before(r.devices)
                 t0 = time.perf_counter()
-                try:
-                    scorer = entry.loader(r.devices)
-                except Exception as e:
-                    raise ModelError(f"the loader of model {r.model!r} failed on GPUs {list(r.gpus)} "
-                                     f"(devices {list(r.devices)}): {type(e).__name__}: {e}") from e
+                scorer = self._call_loader(entry, r)
                 if not callable(getattr(scorer, "score", None)):
                     raise ModelError(f"the loader of model {r.model!r} returned {type(scorer).__name__}, which has "
                                      f"no score(batch) method")
@@ -434,6 +436,75 @@ class Residency:
             else:
                 logger.warning("tangram: %s", r.error)
             self._report(r, FAILED, str(r.error))
+
+    def _call_loader(self, entry: ModelEntry, r: Replica) -> Any:
+        """The loader's scorer; with a deadline (``entry.timeout_s``) the loader runs in a thread of its own.
+
+        A loader that has not returned by then (a stalled download or file system) fails the load: the
+        action that needs it errs, the scheduler places the replica elsewhere, and this GPU's load thread
+        serves the next load. Python cannot stop the loader's thread, so what it may allocate stays counted
+        on its GPUs (the load's estimate) until it returns; what it returns then is dropped."""
+        timeout = entry.timeout_s
+        if timeout is None:
+            try:
+                return entry.loader(r.devices)
+            except Exception as e:
+                raise self._loader_error(r, e) from e
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["scorer"] = entry.loader(r.devices)
+            except BaseException as e:  # handed to the load thread, or dropped once given up on
+                box["error"] = e
+            with self._cond:  # either the load thread takes what it returned, or it was given up on
+                given_up = box.get("given_up")
+                if given_up is None:
+                    box["done"] = True
+            if given_up is None:
+                done.set()
+            else:
+                self._hung_returned(r, given_up, box)
+
+        threading.Thread(target=run, daemon=True, name=f"tangram-loader-{r.model}-{r.rid}").start()
+        if not done.wait(timeout):
+            with self._cond:
+                hung = not box.get("done")
+                if hung:  # its estimate stays taken until it returns: the replica no longer counts it
+                    self._hung_seq += 1
+                    box["given_up"] = self._hung_seq
+                    self._hung[self._hung_seq] = (r.gpus, r.bytes_per_gpu)
+                    r.bytes_per_gpu = 0
+            if hung:
+                raise ModelError(f"the loader of model {r.model!r} did not return within {timeout:g} s on GPUs "
+                                 f"{list(r.gpus)} (devices {list(r.devices)}): the load is given up (raise "
+                                 f"tangram.worker.load-timeout-s if it is only slow); its thread runs on, and "
+                                 f"what it may hold stays counted on those GPUs until it returns")
+        err = box.get("error")
+        if isinstance(err, Exception):
+            raise self._loader_error(r, err) from err
+        if err is not None:  # KeyboardInterrupt, SystemExit: as they are
+            raise err
+        return box["scorer"]
+
+    @staticmethod
+    def _loader_error(r: Replica, e: Exception) -> ModelError:
+        return ModelError(f"the loader of model {r.model!r} failed on GPUs {list(r.gpus)} "
+                          f"(devices {list(r.devices)}): {type(e).__name__}: {e}")
+
+    def _hung_returned(self, r: Replica, key: int, box: dict[str, Any]) -> None:
+        """A loader given up on returned at last: what it returned is dropped, its GPUs' estimate freed."""
+        box.clear()
+        with self._cond:
+            gpus, per_gpu = self._hung.pop(key, ((), 0))
+            for g in gpus:
+                self.used[g] -= per_gpu
+            self._cond.notify_all()
+        gc.collect()
+        self.probe.freed(r.devices)
+        logger.warning("tangram: the loader of model %r given up on (replica %d) returned after all: dropped; its "
+                       "GPUs %s are free again", r.model, r.rid, list(r.gpus))
 
     def _report(self, r: Replica, state: str, error: str = "") -> None:
         with self._cond:

@@ -62,8 +62,10 @@ def cuda_ordinals_ok(facts: Any) -> tuple[bool, str]:
 class WorkerResidency:
     """Residency on one Dask worker (see the module docstring)."""
 
-    def __init__(self, worker: Any, declaration: WorkerDeclaration, facts: Any = None, prepare: bool = True):
+    def __init__(self, worker: Any, declaration: WorkerDeclaration, facts: Any = None, prepare: bool = True,
+                 load_timeout_s: float = 0.0):
         self.worker = worker
+        self.load_timeout_s = load_timeout_s  # tangram.worker.load-timeout-s (0: loads have no deadline)
         self.declaration = declaration
         self.facts = facts
         self.registrations: dict[str, ModelRegistration] = {}
@@ -178,7 +180,8 @@ class WorkerResidency:
             except Exception as e:
                 raise ModelError(f"the loader of model {name!r} cannot be unpickled on this worker: "
                                  f"{type(e).__name__}: {e} (is its module importable here?)") from e
-        return ModelEntry(name, loader, int(reg.memory_gb * 1e9))
+        t = self.load_timeout_s
+        return ModelEntry(name, loader, int(reg.memory_gb * 1e9), max(t, 10 * reg.load_s) if t > 0 else None)
 
     async def _fetch(self) -> None:
         reply = await getattr(self.worker.scheduler, MODELS_HANDLER)(loaders=True)
