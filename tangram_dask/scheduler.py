@@ -260,6 +260,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._warned: set[str] = set()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
+        self._status_seq: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # what client.register_plugin sends: the options only
         return {"options": self.options}
@@ -404,6 +405,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                            "threads (give it nthreads >= %d)", addr, need, "GPUs" if decl.gpus else "slots",
                            ws.nthreads, need)
         logger.info("tangram: %s joined as %s %s", addr, decl.role, decl)
+        if ws.status in (Status.paused, Status.closing_gracefully):  # paused before it joined the policy
+            self._status_changed(addr)
         self._kick()
 
     def _leave(self, addr: str) -> list[Hashable]:
@@ -445,6 +448,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         on the loop, once the scheduler's own handler has run."""
         if (type(msg) is dict and msg.get("action") == "worker-status-change" and isinstance(topic, str)
                 and self.scheduler is not None):
+            self._status_seq[topic] = self._status_seq.get(topic, 0) + 1
             self.scheduler.loop.add_callback(self._status_changed, topic)
 
     def _status_changed(self, addr: str) -> None:
@@ -477,10 +481,14 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         sent = []
         for key, a in list(self.actions.items()):
             g = a.grant
-            if a.state != GRANTED or g is None or g.worker != addr:
+            if a.state != GRANTED or g is None or g.worker not in (addr, ""):
                 continue
             ts = tasks.get(key)
             if ts is None:
+                continue
+            if g.worker == "":  # an API action: it holds tokens, not this worker; move it only if Dask sent it here
+                if ts.state == "processing" and ts.processing_on is not None and ts.processing_on.address == addr:
+                    sent.append(key)
                 continue
             if ts.state != "no-worker":
                 if ts.state == "processing":
@@ -501,9 +509,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             self.policy.submit(key, a.spec, now)
             self.stats.revoked += 1
         if sent:
-            self.scheduler.loop.add_callback(self._move_unstarted, addr, sent)
+            self.scheduler.loop.add_callback(self._move_unstarted, addr, sent, self._status_seq.get(addr, 0))
 
-    async def _move_unstarted(self, addr: str, keys: list[Hashable]) -> None:
+    async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int = -1) -> None:
         """The actions sent to the paused worker ``addr`` that it has not begun (dispatched ahead of a free
         slot) leave it: Dask releases them there and they wait for the policy again. A paused worker begins
         nothing, so none has run; one the worker began after all (it ran again meanwhile) stays."""
@@ -514,6 +522,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             logger.info("tangram: could not ask paused worker %s which actions it has not begun: %s", addr, e)
             return
         ws = sched.workers.get(addr)
+        if seq != -1 and self._status_seq.get(addr, 0) != seq:
+            return  # its status changed while the question was out: the answer may be stale (a later one follows)
         if ws is None or ws.status not in (Status.paused, Status.closing_gracefully):
             return  # it left (they are placed again) or runs again: they start there
         recs = {}

@@ -405,7 +405,8 @@ def test_a_cordoned_cpu_node_shows_no_room_and_holds_what_frees_there():
     assert pool.cordon("a") and not pool.cordon("a") and not pool.cordon("nope")
     # a's free unit is held: b is the only node with room, whatever is asked
     assert cpu_view(pool) == {"free": {"a": 0, "b": 3}, "max_free": 3, "most_free": "b", "total": 6,
-                              "total_free": 3, "slots": 5, "slots_free": 2}
+                              "total_free": 3, "slots": 5, "slots_free": 3}  # b's 3: a's ahead unit is held
+    assert pool.open_largest == 3
     assert pool.first_fit(1) == pool.fit_node(1) == "b" and pool.fit_node(1, skip={"b": None}) is None
     pool.give("a", 2)  # the action running there ends: its units go to the hold, not to placement
     assert pool.free["a"] == 0 and pool.held == {"a": 3} and pool.total_free == 3
@@ -417,9 +418,11 @@ def test_a_cordoned_cpu_node_shows_no_room_and_holds_what_frees_there():
     # (a tie: the node whose units freed last comes last, as after any give)
     assert cpu_view(pool) == {"free": {"a": 3, "b": 3}, "max_free": 3, "most_free": "b", "total": 6,
                               "total_free": 6, "slots": 5, "slots_free": 5}
+    assert pool.open_largest == 3
     pool.cordon("b")
+    assert pool.open_largest == 2 and pool.slots_free == 2
     pool.remove("b")  # a cordoned node may leave
-    assert pool.held == {} and pool.total == 3 and pool.total_free == 3
+    assert pool.held == {} and pool.total == 3 and pool.total_free == 3 and pool.slots_free == 2
 
 
 def test_a_cordoned_gpu_node_has_no_ready_replica_and_no_idle_gpu_until_uncordoned():

@@ -399,3 +399,92 @@ def test_a_cordoned_gpu_node_serves_no_call_and_loads_nothing_until_uncordoned()
                 pol.loaded(d.replica, now)
         now += 1.0
     assert "g0" in nodes  # it takes work again
+
+
+def test_a_cordoned_nodes_dispatch_ahead_units_are_not_counted_twice():
+    """slots_free: a cordoned node's ahead units are in its hold; the other node's 4 free slots stay 4, so an
+    elastic action there gets all 4, as with no cordon (before the review of session 32: 2)."""
+    def run(cordon: bool):
+        pol = TangramPolicy(ClusterSpec("c"), {}, ())
+        pol.add_cpu_node(CpuNode("A", 4), ahead=2)
+        pol.add_cpu_node(CpuNode("B", 4), ahead=2)
+        if cordon:
+            pol.cordon("A", 0.0)
+        assert pol.cpu.slots_free == (4 if cordon else 8)
+        pol.submit("e", make_spec("t", "cpu", (1, 4), speedup=0.95, hint_s=10.0), 0.0)
+        (d,) = by_class(pol.schedule(0.0))[0].values()
+        return d.node, d.units
+    assert run(True) == ("B", 4) and run(False)[1] == 4
+
+
+def test_a_stateful_action_whose_home_is_cordoned_restores_elsewhere_at_once():
+    """As for a home that left: t's home A pauses. t-2, waiting there, and t-3, issued after, start on B at the
+    next pass rather than waiting out restore_s (60 s) at a home that frees nothing."""
+    pol, now = _warmed(2, 20)
+    stateful = dict(trajectory="t", affinity="trajectory", restore_s=60.0)
+    pol.submit("t-1", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    for d in pol.schedule(now):
+        pol.finish(d.action, now + 0.5, 0.5)
+    now += 1
+    for i in range(2):
+        pol.submit(f"long{i}", make_spec("long", "cpu", 1, hint_s=100.0), now)
+    pol.schedule(now)
+    pol.add_cpu_node(CpuNode("B", 2))
+    pol.submit("t-2", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    assert pol.schedule(now) == [] and list(pol.home_wait) == ["A"]  # A full: t-2 waits at its home
+    pol.cordon("A", now)
+    assert not pol.home_wait
+    starts, _ = by_class(pol.schedule(now + 0.1))
+    assert starts["t-2"].node == "B" and starts["t-2"].restore
+
+
+def test_an_action_only_a_cordoned_node_can_hold_waits_aside_and_the_queue_moves_on():
+    """A (8 slots) pauses; B has 2. An 8-unit action fits only A: it waits aside, the small ones behind it
+    start on B (before the review of session 32 it headed the queue and held up every CPU action), and it
+    starts on A once A runs again."""
+    pol = TangramPolicy(ClusterSpec("c"), {}, ())
+    pol.add_cpu_node(CpuNode("A", 8))
+    pol.add_cpu_node(CpuNode("B", 2))
+    pol.cordon("A", 0.0)
+    pol.submit("big", make_spec("big", "cpu", 8, hint_s=1.0), 0.0)
+    for i in range(3):
+        pol.submit(f"small{i}", make_spec("small", "cpu", 1, hint_s=1.0), 0.1 + i)
+    starts, _ = by_class(pol.schedule(5.0))
+    assert set(starts) == {"small0", "small1"} and {d.node for d in starts.values()} == {"B"}
+    assert list(pol.cordon_parked) == ["big"]
+    pol.finish("small0", 6.0, 1.0)
+    assert set(by_class(pol.schedule(6.0))[0]) == {"small2"}
+    pol.uncordon("A", 7.0)
+    starts, _ = by_class(pol.schedule(7.0))
+    assert starts["big"].node == "A" and not pol.cordon_parked
+    assert pol.cancel("big", 8.0)  # and it releases as any action does
+    pol.cordon("A", 9.0)
+    pol.submit("big2", make_spec("big", "cpu", 8, hint_s=1.0), 9.0)
+    pol.schedule(9.0)
+    assert list(pol.cordon_parked) == ["big2"] and pol.cancel("big2", 9.5) and not pol.cordon_parked
+
+
+@pytest.mark.parametrize("cls", [FifoPolicy, TangramPolicy], ids=["fifo", "tangram"])
+def test_a_model_whose_replicas_are_all_on_a_cordoned_node_loads_one_elsewhere(cls):
+    """The judge's two replicas are on g0, which pauses: its calls get a replica on g1 (before the review of
+    session 32 tangram's load rule counted the paused replicas, and 4 calls waited 600 s)."""
+    from tangram_dask.policy.types import Load, ReplicaSpec
+
+    pol = cls(ClusterSpec("g", (), (GpuNode("g0", 2, 80.0, (2,)), GpuNode("g1", 2, 80.0, (2,)))),
+              {"judge": ModelSpec("judge", 40.0, 10.0)},
+              (ReplicaSpec("judge", "g0", (0,)), ReplicaSpec("judge", "g0", (1,))))
+    pol.cordon("g0", 0.0)
+    assert pol.gpu.open_replicas("judge") == 0 and len(pol.gpu.by_model["judge"]) == 2
+    spec = make_spec("score", "gpu", 1, hint_s=1.0, model="judge")
+    for i in range(4):
+        pol.submit(f"c{i}", spec, 0.0)
+    seen, now = [], 0.0
+    while now < 600 and len([d for d in seen if isinstance(d, Start)]) < 4:
+        for d in pol.schedule(now):
+            seen.append(d)
+            if isinstance(d, Load):
+                pol.loaded(d.replica, now)
+            elif isinstance(d, Start):
+                pol.finish(d.action, now + 0.5, 0.5)
+        now += 1.0
+    assert {d.node for d in seen} == {"g1"} and now < 60

@@ -45,7 +45,7 @@ def _wait(cond, what: str, timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def cluster():
-    plugin = TangramSchedulerPlugin("tangram")  # as shipped: dispatch-ahead of 2 units per node
+    plugin = TangramSchedulerPlugin("tangram", api_tokens=4)  # as shipped: dispatch-ahead of 2 units per node
     assert plugin.options.pipeline == 2
     workers = {"cpu-0": _cpu_worker("cpu-0", 1, 1), "cpu-1": _cpu_worker("cpu-1", 1, 1)}
     with start_cluster(plugin, workers) as c, Client(c) as client:
@@ -129,3 +129,104 @@ def test_grants_made_before_the_pause_was_heard_are_placed_again(cluster):
     assert plugin.stats.revoked >= 1 and paused in plugin.policy.cordoned()
     client.run(_set_status, "running", workers=[paused])
     _wait(lambda: not plugin.policy.cordoned(), "uncordoned")
+
+
+def _log_run(path: str, s: float) -> str:
+    from distributed import get_worker
+    name = get_worker().name
+    with open(path, "a") as f:
+        f.write(name + "\n")
+    time.sleep(s)
+    return name
+
+
+def _flap_on_reply(go_path, dask_worker=None):
+    """The memory monitor flaps while the scheduler's question is in flight: the worker answers while paused,
+    runs again for a moment (it begins what waited), and pauses again before the answer lands."""
+    import asyncio
+    from distributed.core import Status
+    orig = dask_worker.handlers["tangram_unstarted"]
+
+    async def flapping(keys=()):
+        ans = orig(keys=keys)
+        dask_worker.handlers["tangram_unstarted"] = orig  # once
+        open(go_path, "w").close()  # the blocker there ends about now
+        await asyncio.sleep(0.1)
+        dask_worker.status = Status.running  # tells the scheduler; the worker begins the task that waited
+        await asyncio.sleep(0.5)
+        dask_worker.status = Status.paused   # and pauses again; the answer above is now stale
+        await asyncio.sleep(0.2)
+        return ans
+    dask_worker.handlers["tangram_unstarted"] = flapping
+
+
+def test_an_answer_made_stale_by_a_flap_moves_nothing_and_nothing_runs_twice(cluster, tmp_path):
+    """The worker answers which actions it has not begun, runs again for a moment (it begins the victim), and
+    pauses again before the answer lands: the answer is dropped (the worker's status changed while it was out),
+    and the victim runs once. Found by the review of session 32: the answer moved the running victim, which
+    then ran on both workers."""
+    client, plugin, addr = cluster
+    go = {i: tmp_path / f"go-{i}" for i in range(2)}
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+        blockers = [client.submit(_until, str(go[i]), 8.0, pure=False, key=f"block-{i}") for i in range(2)]
+    _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
+    runs = tmp_path / "runs"
+    with tangram_dask.action(kind="short", resource="cpu", units=1, hint_s=0.2):
+        f = client.submit(_log_run, str(runs), 1.0, pure=False, key="victim")
+    _wait(lambda: "victim" in plugin.policy.running, "victim granted ahead")
+    victim_on = plugin.policy.running["victim"].node
+    # the victim's worker's blocker must end for the victim to begin in the flap: let that one go via its file
+    block_on = {r.node: aid for aid, r in plugin.policy.running.items() if aid.startswith("block")}
+    mine = go[int(block_on[victim_on][-1])]
+    theirs = go[1 - int(block_on[victim_on][-1])]
+    client.run(_flap_on_reply, str(mine), workers=[victim_on])
+    trace = []
+    orig_sc, orig_mu = plugin._status_changed, plugin._move_unstarted
+    def sc(a):
+        trace.append(("status", plugin.scheduler.workers[a].status.name, time.monotonic()))
+        return orig_sc(a)
+    async def mu(a, keys, *rest):
+        trace.append(("ask", list(keys), time.monotonic()))
+        r = await orig_mu(a, keys, *rest)
+        ts = plugin.scheduler.tasks.get("victim")
+        trace.append(("answered", ts.state if ts else None, plugin.stats.revoked, time.monotonic()))
+        return r
+    plugin._status_changed, plugin._move_unstarted = sc, mu
+    client.run(_set_status, "paused", workers=[victim_on])
+    _wait(lambda: victim_on in plugin.policy.cordoned(), "cordoned")
+    theirs.touch()  # the other worker frees its slot: the moved victim can run there
+    assert f.result(timeout=30) in ("cpu-0", "cpu-1")
+    time.sleep(2.0)
+    lines = runs.read_text().split()
+    assert trace[0][:2] == ("status", "paused") and any(t[0] == "answered" for t in trace)
+    assert len(lines) == 1, f"the action ran {len(lines)} times: {lines}"
+    assert sorted(_results(blockers)) == ["cpu-0", "cpu-1"]
+
+
+def test_api_calls_sent_to_a_paused_worker_run_elsewhere(cluster, tmp_path):
+    """API actions are granted tokens, not a worker: Dask sends each to a CPU worker, where it waits for a thread.
+    Those waiting on the worker that pauses are moved, and run on the other (found by the review of session 32:
+    they waited there, holding their tokens, until it ran again)."""
+    client, plugin, addr = cluster
+    go = {i: tmp_path / f"go-{i}" for i in range(2)}
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+        blockers = [client.submit(_until, str(go[i]), 60.0, pure=False, key=f"block-{i}") for i in range(2)]
+    _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
+    with tangram_dask.action(kind="search", resource="api", units=1, hint_s=0.1):
+        calls = [client.submit(time.sleep, 0.05, pure=False, key=f"call-{i}") for i in range(4)]
+    sched = plugin.scheduler
+    _wait(lambda: all((ts := sched.tasks.get(f"call-{i}")) is not None and ts.state == "processing"
+                      for i in range(4)), "the calls sent to workers")
+    where = {f"call-{i}": sched.tasks[f"call-{i}"].processing_on.address for i in range(4)}
+    paused = addr["cpu-0"]
+    assert paused in where.values()
+    client.run(_set_status, "paused", workers=[paused])
+    _wait(lambda: paused in plugin.policy.cordoned(), "cordoned")
+    for i in range(2):
+        go[i].touch()  # both blockers end: cpu-1 is idle, cpu-0 paused
+    try:
+        assert [c.result(timeout=20) for c in calls] == [None] * 4
+        assert plugin.stats.revoked == 2 and plugin.policy.api.total_free == 4
+        assert sorted(_results(blockers)) == ["cpu-0", "cpu-1"]
+    finally:
+        client.run(_set_status, "running", workers=[paused])

@@ -49,6 +49,8 @@ class CpuPool:
         # cordoned nodes (a paused worker): the cordon holds every unit that is or comes free there, so no
         # placement, home or reservation finds room on it; the units running there go back to the hold
         self.held: dict[str, int] = {}
+        self.held_ahead = 0  # the dispatch-ahead units of the cordoned nodes
+        self._open_largest = -1  # open_largest, recomputed when membership or a cordon changes
         for n in nodes:
             self.add(n.name, n.slots)
 
@@ -59,6 +61,7 @@ class CpuPool:
         if slots < 1 or ahead < 0:
             raise ValueError(f"CPU node {name!r}: slots must be >= 1 and ahead >= 0, got {slots}, {ahead}")
         self.limit[name] = slots
+        self._open_largest = -1
         self.ahead += ahead
         slots += ahead
         self.capacity[name] = slots
@@ -72,7 +75,9 @@ class CpuPool:
         self.total_free += slots
 
     def remove(self, name: str) -> None:
-        self.held.pop(name, None)
+        if self.held.pop(name, None) is not None:
+            self.held_ahead -= self.capacity[name] - self.limit[name]
+        self._open_largest = -1
         f = self.free.pop(name)
         del self._buckets[f][name]
         cap = self.capacity.pop(name)
@@ -89,8 +94,16 @@ class CpuPool:
 
     @property
     def slots_free(self) -> int:
-        f = self.total_free - self.ahead
+        f = self.total_free - self.ahead + self.held_ahead  # a cordoned node's ahead units are in its hold
         return f if f > 0 else 0  # max(0, f)
+
+    @property
+    def open_largest(self) -> int:
+        """The most slots of one node not cordoned (0 if none)."""
+        if self._open_largest < 0:
+            held = self.held
+            self._open_largest = max((v for n, v in self.limit.items() if n not in held), default=0)
+        return self._open_largest
 
     @property
     def max_free(self) -> int:
@@ -169,6 +182,8 @@ class CpuPool:
             return False
         f = self.free[name]
         self.held[name] = f
+        self.held_ahead += self.capacity[name] - self.limit[name]
+        self._open_largest = -1
         self._move(name, f, 0)
         return True
 
@@ -177,6 +192,8 @@ class CpuPool:
         h = self.held.pop(name, None)
         if h is None:
             return False
+        self.held_ahead -= self.capacity[name] - self.limit[name]
+        self._open_largest = -1
         if h:
             f = self.free[name]
             self._move(name, f, f + h)
@@ -258,6 +275,7 @@ class GpuPool:
         # only, in node order, where they are few (a busy cluster of many nodes), not every node
         self.idle_nodes: dict[str, None] = {}
         self.order: dict[str, int] = {}
+        self.cordoned_nodes = 0
         self.total = 0
         self.idle = 0
         self._next_id = 0
@@ -279,6 +297,8 @@ class GpuPool:
 
     def remove(self, name: str) -> list[ReplicaId]:
         st = self.nodes.pop(name)
+        if st.cordon is not None:
+            self.cordoned_nodes -= 1
         self.order.pop(name)
         self.idle_nodes.pop(name, None)
         gone = [rid for rid, r in self.replicas.items() if r.node == name]
@@ -392,6 +412,13 @@ class GpuPool:
             self._refresh(self.replicas[other])
 
     # -- cordon ----------------------------------------------------------------------
+    def open_replicas(self, model: str) -> int:
+        """Replicas of ``model`` not on a cordoned node."""
+        reps = self.by_model.get(model, ())
+        if not self.cordoned_nodes:
+            return len(reps)
+        return sum(1 for rid in reps if self.nodes[self.replicas[rid].node].cordon is None)
+
     def cordon(self, name: str) -> bool:
         """No new action or load on node ``name`` (its worker paused): its idle GPUs, and those freed later, are
         held busy, so none of its replicas is ready and no load site is found there; what runs there goes on.
@@ -400,6 +427,7 @@ class GpuPool:
         if st is None or st.cordon is not None:
             return False
         st.cordon = set()
+        self.cordoned_nodes += 1
         for i, g in enumerate(st.gpus):
             if g.busy:
                 continue
@@ -419,6 +447,7 @@ class GpuPool:
         if st is None or st.cordon is None:
             return False
         held, st.cordon = st.cordon, None
+        self.cordoned_nodes -= 1
         touched: dict[ReplicaId, None] = {}
         for i in held:
             g = st.gpus[i]

@@ -50,6 +50,10 @@ class Placement:
             aid, p = head
             where = self._fit_cpu(p, now)
             if where.__class__ is tuple:
+                if self.cpu.held and p.spec.units_min > self.cpu.open_largest:
+                    pool.pop(aid)  # only a cordoned node can hold it: it waits aside, not as the queue's head
+                    self.cordon_parked[aid] = p
+                    continue
                 pool.blocked = where
                 return
             pool.pop(aid)
@@ -70,7 +74,7 @@ class Placement:
             return ("no worker has {need} free slots", spec, cpu.max_free)
         if spec.affinity == "trajectory":
             h = self.home.get(spec.trajectory)
-            if h is not None and h in cpu.free and cpu.limit[h] >= need:
+            if h is not None and h in cpu.free and cpu.limit[h] >= need and h not in cpu.held:
                 if cpu.free[h] >= need and h not in self.reserved:
                     return self._elephant_away(p, h)
                 if self._expected_wait(need, now) < spec.restore_s:

@@ -239,7 +239,7 @@ class Residency:
         one of its actions cannot start.
         """
         model = pool.name
-        reps = len(self.gpu.by_model.get(model, ()))
+        reps = self.gpu.open_replicas(model)  # those on a cordoned node (a paused worker's) serve nothing now
         if reps == 0:
             return True
         if self._planned(model):

@@ -221,6 +221,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._t0: float | None = None
         self.reserved: dict[str, Reservation] = {}  # node -> its one reservation
         self.home_wait: dict[str, dict[ActionId, Pending]] = {}  # node -> stateful actions waiting for it
+        # CPU actions only a cordoned node can hold (a paused worker's): out of the queue, where as its head one
+        # would hold up every action behind it, until a cordon ends or a node changes
+        self.cordon_parked: dict[ActionId, Pending] = {}
         self.home_deadlines: list[tuple[float, int, ActionId, str]] = []
         self.freed_nodes: dict[str, None] = {}  # nodes with home waiters where slots were freed
         self.freed_res: dict[str, None] = {}  # reserved nodes where slots were freed
@@ -531,6 +534,12 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.pools["cpu"].rmin -= rv.p.spec.units_min
             self._requeue(rv.aid, rv.p)
             self.dirty["cpu"] = None
+        waiting = self.home_wait.pop(name, None)
+        if waiting:  # nothing frees at a cordoned home: its waiters restore elsewhere now
+            pool = self.pools["cpu"]
+            for aid, p in waiting.items():
+                pool.unqueued(p)
+                self._requeue(aid, p)
 
     def _uncordoned(self, name: str) -> None:
         self._slots_freed(name)
@@ -542,6 +551,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.freed_res[node] = None
 
     def _drop_pending(self, aid: ActionId) -> bool:
+        if self.cordon_parked and self.cordon_parked.pop(aid, None) is not None:
+            return True
         cpu = self.pools["cpu"]
         for node, waiting in self.home_wait.items():
             p = waiting.pop(aid, None)
@@ -564,11 +575,16 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
 
     def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
         out = [(aid, p.spec) for pool in self.pools.values() for aid, p in pool.waiting.items()]
+        out += [(aid, p.spec) for aid, p in self.cordon_parked.items()]
         out += [(aid, p.spec) for waiting in self.home_wait.values() for aid, p in waiting.items()]
         out += [(rv.aid, rv.p.spec) for rv in self.reserved.values()]
         return out
 
     def _capacity_changed(self) -> None:
+        if self.cordon_parked:  # a cordon ended or a node came or went: they may fit again
+            parked, self.cordon_parked = self.cordon_parked, {}
+            for aid, p in parked.items():
+                self._requeue(aid, p)
         self._shapes = {}  # (model, units.min, units.max) -> replica shapes per node: the nodes changed
         if self._loading:  # a node left with replicas loading there: they are gone
             for rid in [r for r in self._loading if r not in self.gpu.replicas]:
