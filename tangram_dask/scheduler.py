@@ -156,7 +156,7 @@ class PluginStats:
     flush_s: float = 0.0
     policy_errors: int = 0
     loads_ahead: int = 0  # Load decisions sent to workers (background loads)
-    revoked: int = 0  # grants taken back because their worker paused before Dask could send them
+    revoked: int = 0  # grants taken back, or actions moved unbegun, because their worker paused
 
 
 def _frozen(x: Any) -> Any:
@@ -260,7 +260,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._warned: set[str] = set()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
-        self._status_seq: dict[str, int] = {}
+        self._status_seq: dict[str, int] = {}  # worker -> status changes heard (an answer to a question is stale
+        # if its worker's status changed while the question was out)
 
     def __getstate__(self) -> dict[str, Any]:  # what client.register_plugin sends: the options only
         return {"options": self.options}
@@ -476,7 +477,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
 
     def _revoke(self, addr: str, now: float) -> None:
         """The grants on ``addr`` that Dask could not send (the task is still in ``no-worker``): the policy
-        frees their units and queues them again, as new, for the next pass."""
+        frees their units and queues them again, as new, for the next pass. Those Dask sent there (CPU and
+        GPU actions granted ahead of a free slot, API calls) go to :meth:`_move_unstarted`."""
         tasks = self.scheduler.tasks
         sent = []
         for key, a in list(self.actions.items()):
@@ -495,14 +497,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     sent.append(key)
                 continue
             self.policy.cancel(key, now)
-            timer = self._timers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
-            self._start_timed.pop(key, None)
+            self._done(key, ts, keep=True)  # its timer, and the user's own annotations back
             if self.grants is not None:
                 self.grants.pop(key, None)
-            if a.annotations is not None:
-                ts.annotations, a.annotations = a.annotations, None  # the user's own dict back
             ts.worker_restrictions = PARKED
             ts.resource_restrictions = None
             a.state, a.grant = PENDING, None
@@ -511,7 +508,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if sent:
             self.scheduler.loop.add_callback(self._move_unstarted, addr, sent, self._status_seq.get(addr, 0))
 
-    async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int = -1) -> None:
+    async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int) -> None:
         """The actions sent to the paused worker ``addr`` that it has not begun (dispatched ahead of a free
         slot) leave it: Dask releases them there and they wait for the policy again. A paused worker begins
         nothing, so none has run; one the worker began after all (it ran again meanwhile) stays."""
@@ -522,7 +519,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             logger.info("tangram: could not ask paused worker %s which actions it has not begun: %s", addr, e)
             return
         ws = sched.workers.get(addr)
-        if seq != -1 and self._status_seq.get(addr, 0) != seq:
+        if self._status_seq.get(addr, 0) != seq:
             return  # its status changed while the question was out: the answer may be stale (a later one follows)
         if ws is None or ws.status not in (Status.paused, Status.closing_gracefully):
             return  # it left (they are placed again) or runs again: they start there

@@ -268,13 +268,14 @@ def _warmed(slots: int, n: int, kind: str = "tool", units=1, speedup: float = 0.
     return pol, now
 
 
-def test_a_stateful_action_waiting_at_a_home_that_left_starts_elsewhere_at_once():
-    """t's home A is full of two long actions, so t's next action waits there (restore_s 60 s is worth it)
-    though B has room. A dies: Dask releases what ran there, the node goes. The waiter starts on B at the
-    next pass; before session 31 it waited for its 60 s deadline, and then for some CPU event."""
+STATEFUL = dict(trajectory="t", affinity="trajectory", restore_s=60.0)
+
+
+def _waiting_at_full_home():
+    """t's home A is full of two long actions, so t's next action t-2 waits there (restore_s 60 s is worth it)
+    though B, joined since, has room."""
     pol, now = _warmed(2, 20)
-    stateful = dict(trajectory="t", affinity="trajectory", restore_s=60.0)
-    pol.submit("t-1", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    pol.submit("t-1", make_spec("tool", "cpu", 1, hint_s=1.0, **STATEFUL), now)
     for d in pol.schedule(now):
         pol.finish(d.action, now + 0.5, 0.5)
     now += 1
@@ -283,8 +284,15 @@ def test_a_stateful_action_waiting_at_a_home_that_left_starts_elsewhere_at_once(
         pol.submit(f"long{i}", make_spec("long", "cpu", 1, hint_s=100.0), now)
     pol.schedule(now)
     pol.add_cpu_node(CpuNode("B", 2))
-    pol.submit("t-2", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
+    pol.submit("t-2", make_spec("tool", "cpu", 1, hint_s=1.0, **STATEFUL), now)
     assert pol.schedule(now) == [] and list(pol.home_wait) == ["A"]
+    return pol, now
+
+
+def test_a_stateful_action_waiting_at_a_home_that_left_starts_elsewhere_at_once():
+    """A dies: Dask releases what ran there, the node goes. The waiter starts on B at the next pass; before
+    session 31 it waited for its 60 s deadline, and then for some CPU event."""
+    pol, now = _waiting_at_full_home()
     for i in range(2):
         pol.cancel(f"long{i}", now)
     pol.remove_node("A")
@@ -420,22 +428,14 @@ def test_a_cordoned_nodes_dispatch_ahead_units_are_not_counted_twice():
 def test_a_stateful_action_whose_home_is_cordoned_restores_elsewhere_at_once():
     """As for a home that left: t's home A pauses. t-2, waiting there, and t-3, issued after, start on B at the
     next pass rather than waiting out restore_s (60 s) at a home that frees nothing."""
-    pol, now = _warmed(2, 20)
-    stateful = dict(trajectory="t", affinity="trajectory", restore_s=60.0)
-    pol.submit("t-1", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
-    for d in pol.schedule(now):
-        pol.finish(d.action, now + 0.5, 0.5)
-    now += 1
-    for i in range(2):
-        pol.submit(f"long{i}", make_spec("long", "cpu", 1, hint_s=100.0), now)
-    pol.schedule(now)
-    pol.add_cpu_node(CpuNode("B", 2))
-    pol.submit("t-2", make_spec("tool", "cpu", 1, hint_s=1.0, **stateful), now)
-    assert pol.schedule(now) == [] and list(pol.home_wait) == ["A"]  # A full: t-2 waits at its home
+    pol, now = _waiting_at_full_home()
     pol.cordon("A", now)
     assert not pol.home_wait
     starts, _ = by_class(pol.schedule(now + 0.1))
     assert starts["t-2"].node == "B" and starts["t-2"].restore
+    pol.submit("t-3", make_spec("tool", "cpu", 1, hint_s=1.0, **STATEFUL), now + 0.2)
+    starts, _ = by_class(pol.schedule(now + 0.2))
+    assert starts["t-3"].node == "B" and not pol.home_wait
 
 
 def test_an_action_only_a_cordoned_node_can_hold_waits_aside_and_the_queue_moves_on():
