@@ -194,6 +194,8 @@ class _LoadTimes(Mapping):
 
 
 #: The most sandbox slots / GPUs one worker may declare; a worker over either is left out of placement
+#: How many times a paused worker is asked again, 0.2 s apart, about actions it did not hold yet (on their way)
+UNSTARTED_TRIES = 25
 NODE_SLOTS_LIMIT = 65_536
 NODE_GPUS_LIMIT = 4_096
 
@@ -260,6 +262,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._warned: set[str] = set()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
         self.grants: dict[Hashable, Grant] | None = None
+        # the keys granted on each worker ("" for API calls), and each one's worker: a pause looks at its own only
+        self._granted_on: dict[str, dict[Hashable, None]] = {}
+        self._grant_worker: dict[Hashable, str] = {}
         self._status_seq: dict[str, int] = {}  # worker -> status changes heard (an answer to a question is stale
         # if its worker's status changed while the question was out)
 
@@ -435,11 +440,15 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 continue
             ts.worker_restrictions = PARKED
             ts.resource_restrictions = None
+            self._ungranted(key)
             if ts.state == "no-worker" and a.spec is not None:
                 self.policy.submit(key, a.spec, now)
                 a = self._own(key, a)
                 a.state, a.grant = PENDING, None
                 self.stats.submitted += 1
+        if not self._granted_on.get(worker):
+            self._granted_on.pop(worker, None)
+        self._status_seq.pop(worker, None)
         self._kick()
 
     # -- worker status: a paused worker takes nothing new ---------------------------------
@@ -481,8 +490,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         GPU actions granted ahead of a free slot, API calls) go to :meth:`_move_unstarted`."""
         tasks = self.scheduler.tasks
         sent = []
-        for key, a in list(self.actions.items()):
-            g = a.grant
+        for key in [*self._granted_on.get(addr, ()), *self._granted_on.get("", ())]:
+            a = self.actions.get(key)
+            g = a.grant if a is not None else None
             if a.state != GRANTED or g is None or g.worker not in (addr, ""):
                 continue
             ts = tasks.get(key)
@@ -508,13 +518,15 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if sent:
             self.scheduler.loop.add_callback(self._move_unstarted, addr, sent, self._status_seq.get(addr, 0))
 
-    async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int) -> None:
+    async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int, tries: int = 0) -> None:
         """The actions sent to the paused worker ``addr`` that it has not begun (dispatched ahead of a free
         slot) leave it: Dask releases them there and they wait for the policy again. A paused worker begins
-        nothing, so none has run; one the worker began after all (it ran again meanwhile) stays."""
+        nothing, so none has run. The answer is used only if the worker's status has not changed since the
+        question (a worker that ran for a moment may have begun one; the next pause asks again). Keys the
+        worker does not hold yet (their task still on its way) are asked about again shortly."""
         sched = self.scheduler
         try:
-            idx = await getattr(sched.rpc(addr), UNSTARTED_HANDLER)(keys=list(keys))
+            reply = await getattr(sched.rpc(addr), UNSTARTED_HANDLER)(keys=list(keys))
         except Exception as e:  # gone, or a worker plugin of an earlier release: they start once it runs again
             logger.info("tangram: could not ask paused worker %s which actions it has not begun: %s", addr, e)
             return
@@ -523,16 +535,22 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             return  # its status changed while the question was out: the answer may be stale (a later one follows)
         if ws is None or ws.status not in (Status.paused, Status.closing_gracefully):
             return  # it left (they are placed again) or runs again: they start there
-        recs = {}
-        for i in idx if isinstance(idx, (list, tuple)) else ():
+
+        def held_here(i: Any) -> Hashable | None:
             if type(i) is not int or not 0 <= i < len(keys):
-                continue
+                return None
             ts = sched.tasks.get(keys[i])
-            if ts is not None and ts.state == "processing" and ts.processing_on is ws:
-                recs[keys[i]] = "released"
+            return keys[i] if ts is not None and ts.state == "processing" and ts.processing_on is ws else None
+
+        reply = reply if isinstance(reply, dict) else {}
+        recs = {k: "released" for i in reply.get("unstarted") or () if (k := held_here(i)) is not None}
         if recs:  # processing -> released -> waiting: the transition hook cancels each grant, then queues it anew
             self.stats.revoked += len(recs)
             sched.transitions(recs, f"tangram-paused-{time.time()}")
+        later = [k for i in reply.get("unknown") or () if (k := held_here(i)) is not None]
+        if later and tries < UNSTARTED_TRIES:
+            sched.loop.call_later(0.2, lambda: sched.loop.add_callback(self._move_unstarted, addr, later, seq,
+                                                                       tries + 1))
 
     # -- graph and transitions ------------------------------------------------------
     def update_graph(self, scheduler: Any, *, annotations: dict[str, dict[Hashable, Any]] | None = None,
@@ -598,6 +616,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         a = self.actions.get(key) if keep else self.actions.pop(key, None)
         if a is not None:
             self.left = (key, a)
+        self._ungranted(key)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
@@ -609,6 +628,14 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         ann = ts.annotations if ts is not None else None
         if ann and GRANT_KEY in ann:  # what Dask keeps per task: the user's annotations only
             ts.annotations = {k: v for k, v in ann.items() if k != GRANT_KEY}
+
+    def _ungranted(self, key: Hashable) -> None:
+        """``key``'s grant ended: out of the index of grants by worker."""
+        w = self._grant_worker.pop(key, None)
+        if w is not None:
+            on = self._granted_on.get(w)
+            if on is not None:
+                on.pop(key, None)
 
     def transition(self, key: Hashable, start: str, finish: str, *args: Any, stimulus_id: str = "",
                    **kwargs: Any) -> None:
@@ -805,6 +832,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         ts.annotations = self._granted_annotations(ts.annotations, grant.to_msg())
         ts.resource_restrictions = resources
         a.state, a.grant = GRANTED, grant
+        self._granted_on.setdefault(worker, {})[key] = None
+        self._grant_worker[key] = worker
         self.stats.started += 1
         if self.grants is not None:
             self.grants[key] = grant

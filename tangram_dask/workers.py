@@ -410,16 +410,18 @@ class TangramWorkerPlugin(WorkerPlugin):
         except Exception:  # the scheduler has no tangram plugin: nothing to declare to
             logger.warning("tangram: could not declare this worker to the scheduler", exc_info=True)
 
-    def unstarted(self, keys: Any = ()) -> list[int]:
-        """The positions in ``keys`` of the tasks this worker holds and has not begun executing (waiting for
-        slots or threads). A paused worker begins none: the scheduler moves them (positions, not keys,
-        because msgpack makes a tuple key a list)."""
+    def unstarted(self, keys: Any = ()) -> dict[str, list[int]]:
+        """Of ``keys``, by position (msgpack makes a tuple key a list): ``unstarted``, the tasks this worker holds
+        and has not begun executing (waiting for slots or threads), and ``unknown``, those it does not hold (one
+        may still be on its way here). A paused worker begins none: the scheduler moves them."""
         tasks = self.worker.state.tasks
-        out = []
+        out: dict[str, list[int]] = {"unstarted": [], "unknown": []}
         for i, key in enumerate(keys or ()):
             ts = tasks.get(_key(key))
-            if ts is not None and ts.state in ("waiting", "ready", "constrained"):
-                out.append(i)
+            if ts is None:
+                out["unknown"].append(i)
+            elif ts.state in ("waiting", "ready", "constrained"):
+                out["unstarted"].append(i)
         return out
 
     async def teardown(self, worker: Any) -> None:

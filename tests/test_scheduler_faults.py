@@ -265,10 +265,11 @@ def test_a_finished_action_keeps_no_grant_and_no_record(two_small_workers):
     def leftovers(dask_scheduler, keys):
         p = dask_scheduler.plugins["tangram"]
         return ([k for k in keys if "tangram-grant" in dask_scheduler.tasks[k].annotations],
-                [k for k in keys if k in p.actions])
+                [k for k in keys if k in p.actions],
+                [k for k in keys if k in p._grant_worker or any(k in on for on in p._granted_on.values())])
 
-    grants, records = client.run_on_scheduler(leftovers, keys=[f.key for f in futs])
-    assert grants == [] and records == []
+    grants, records, indexed = client.run_on_scheduler(leftovers, keys=[f.key for f in futs])
+    assert grants == [] and records == [] and indexed == []  # nor in the index of grants by worker
 
 
 def test_the_actions_of_one_annotate_block_share_one_spec():

@@ -230,3 +230,45 @@ def test_api_calls_sent_to_a_paused_worker_run_elsewhere(cluster, tmp_path):
         assert sorted(_results(blockers)) == ["cpu-0", "cpu-1"]
     finally:
         client.run(_set_status, "running", workers=[paused])
+
+
+def test_an_action_still_on_its_way_to_the_worker_when_it_pauses_moves_once_it_arrives(cluster, tmp_path):
+    """The victim's compute-task message is still on the scheduler's batched stream (held 1 s here, as batching
+    and a busy loop can) when the question reaches the paused worker: the worker does not hold the key yet, so
+    the plugin asks again, and moves it once it has arrived. Found by the review of session 32: it was not named
+    unstarted, arrived, and waited there for as long as the worker stayed paused."""
+    client, plugin, addr = cluster
+    sched = plugin.scheduler
+    go = {i: tmp_path / f"go-{i}" for i in range(2)}
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+        blockers = [client.submit(_until, str(go[i]), 60.0, pure=False, key=f"block-{i}") for i in range(2)]
+    _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
+    _wait(lambda: all(sched.tasks[f"block-{i}"].state == "processing" for i in range(2)), "blockers sent")
+    time.sleep(0.5)
+
+    def delay_compute(bs):
+        orig = bs.send
+
+        def send(*msgs):
+            if any(isinstance(m, dict) and m.get("op") == "compute-task" for m in msgs):
+                sched.loop.call_later(1.0, orig, *msgs)
+            else:
+                orig(*msgs)
+        bs.send = send
+    for a in addr.values():
+        sched.loop.add_callback(delay_compute, sched.stream_comms[a])
+    time.sleep(0.2)
+    with tangram_dask.action(kind="short", resource="cpu", units=1, hint_s=0.2):
+        f = client.submit(_where, 0.05, pure=False, key="victim")
+    _wait(lambda: "victim" in plugin.policy.running, "victim granted ahead")
+    victim_on = plugin.policy.running["victim"].node
+    client.run(_set_status, "paused", workers=[victim_on])
+    _wait(lambda: victim_on in plugin.policy.cordoned(), "cordoned")
+    for i in range(2):
+        go[i].touch()
+    try:
+        ran_on = f.result(timeout=20)
+        assert addr[ran_on] != victim_on and plugin.stats.revoked == 1
+        assert len(_results(blockers)) == 2
+    finally:
+        client.run(_set_status, "running", workers=[victim_on])
