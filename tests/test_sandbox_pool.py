@@ -359,3 +359,32 @@ def test_a_pool_removes_the_roots_of_pools_whose_worker_died_and_no_other():
         os.close(held)
         for d in (dead, alive, unlocked, young):
             shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("parent_alive", [True, False], ids=["parent-alive", "parent-gone"])
+def test_an_action_child_whose_zygote_died_before_it_was_confined_exits_at_once(parent_alive):
+    """The zygote forks each action's child, which sets its parent-death signal first thing. A zygote that died
+    between the fork and that line sent no signal, and the child, re-parented, would run on: it checks that its
+    parent is still the zygote and exits if not (before session 32 it ran the action, unconfined by any death
+    signal). The child here is a real fork of this process; "gone" is a zygote pid that is not its parent."""
+    from tangram_dask.sandbox import _zygote
+
+    fds = [os.pipe() for _ in range(4)]  # in, out, err, status
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: _child exits the process one way or another
+        try:
+            _zygote._child({"cwd": "/nonexistent"}, (fds[0][0], fds[1][1], fds[2][1], fds[3][1]),
+                           me if parent_alive else me + 10**6)
+        finally:
+            os._exit(99)
+    for r, w in fds:
+        os.close(w)
+    _, status = os.waitpid(pid, 0)
+    said = os.read(fds[3][0], 4096)
+    for r, _ in fds:
+        os.close(r)
+    if parent_alive:  # it went on to confine itself and wrote its first status line (then failed on the cwd)
+        assert said.startswith(b"cpu=")
+    else:
+        assert os.waitstatus_to_exitcode(status) == 1 and said == b""

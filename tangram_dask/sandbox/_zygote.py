@@ -562,17 +562,25 @@ def _set_limits(req):
         lim(resource.RLIMIT_NPROC, nproc + CONFIG.get("nproc_base", 0))
 
 
-def _child(req, fds):
-    """In the forked child: confine, then run the code or exec the command."""
+def _die_with(parent):
+    """Get SIGKILL when ``parent`` dies; exit now if it died already (before the signal was set, its death
+    sent nothing, and this process was re-parented)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(req, fds, zygote):
+    """In the forked child: confine, then run the code or exec the command. ``zygote``: the parent's pid."""
     in_r, out_w, err_w, st_w = fds
     try:
+        _die_with(zygote)
         os.setsid()
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.dup2(st_w, 3)
         os.set_inheritable(3, False)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         cpus = req.get("cpus")
         affinity = "none"
         if cpus:
@@ -586,8 +594,8 @@ def _child(req, fds):
         _prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid binary, no file capability can raise it again
         _deny_keyrings()
         _become_code_user()
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # setresuid cleared it (prctl(2)): where no PID namespace
-        #                                           ends with the zygote, the code still dies with it
+        _die_with(zygote)  # setresuid cleared it (prctl(2)): where no PID namespace ends with the zygote, the code
+        #                    still dies with it
         work = req["cwd"]
         if req.get("stateful") and ISO["scratch"]:
             copy_tree(f"/proc/self/fd/{AREA_FD}/slot/state", work)
@@ -775,9 +783,10 @@ def _do_run(req):
     st_r, st_w = os.pipe()
     stdin = base64.b64decode(req.get("stdin") or "")
     t0 = time.monotonic()
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _child(req, (in_r, out_w, err_w, st_w))
+        _child(req, (in_r, out_w, err_w, st_w), zygote)
     for fd in (in_r, out_w, err_w, st_w):
         os.close(fd)
     limit = int(req.get("output_bytes") or 1 << 20)
@@ -910,9 +919,7 @@ def main():
     os.close(null)
     parent = CONFIG.get("parent_pid")
     if parent is not None:  # die with the worker (bwrap does this itself with --die-with-parent)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the worker died before we got here
-            os._exit(1)
+        _die_with(parent)
     net = "namespace" if CONFIG.get("net_isolated") else "none"
     if CONFIG.get("ns") == "process":
         ISO["why"] = _unshare_process()
