@@ -210,6 +210,39 @@ def test_a_bad_loader_errs_the_action_that_needs_it_while_others_serve(env):
     assert models_snapshot(client)["counts"]["failures"] >= 1
 
 
+def test_a_model_whose_loader_keeps_failing_is_refused_until_registered_again(env):
+    """Its first actions err with the loader's error, each after a load of its own; after BROKEN_AFTER failed
+    loads in a row the rest are refused at once, naming the model and the last failure; registered again (here
+    with a loader that works), its actions run."""
+    from tangram_dask.models.scheduler import BROKEN_AFTER
+
+    client, plugin, _ = env
+    register_model(client, "rm-broken", BrokenLoader("no such weights file"), memory_gb=0.001, load_s=0.1)
+    errors = []
+    for _ in range(BROKEN_AFTER + 2):  # one at a time: each may need a load of its own
+        with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
+            f = client.submit(judge, "rm-broken", "x", "x", pure=False)
+        with pytest.raises(Exception) as e:
+            f.result(timeout=30)
+        errors.append(str(e.value))
+    refused = [m for m in errors if "failed to load 3 times in a row" in m]
+    loader = [m for m in errors if m not in refused and "failed on GPUs" in m and "no such weights file" in m]
+    assert 1 <= len(loader) <= BROKEN_AFTER and loader + refused == errors and refused
+    assert "register_model" in refused[0] and "no such weights file" in refused[0]
+    t0 = time.monotonic()
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
+        more = [client.submit(judge, "rm-broken", "x", "x", pure=False) for _ in range(3)]
+    for f in more:
+        with pytest.raises(tangram_dask.PlacementError, match="rm-broken' failed to load 3 times in a row"):
+            f.result(timeout=30)
+    assert time.monotonic() - t0 < 10
+    register_model(client, "rm-broken", rm_small(), memory_gb=0.002, load_s=0.5)
+    with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
+        ok = client.submit(judge, "rm-broken", "x", "x", pure=False)
+    assert ok.result(timeout=60)[0] == pytest.approx(1.0, abs=1e-5)
+    assert "rm-broken" not in plugin.policy.broken
+
+
 def test_reward_model_outside_its_action_is_a_clear_error(env):
     client, _, _ = env
     with pytest.raises(ModelError, match="outside a GPU action"):

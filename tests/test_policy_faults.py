@@ -488,3 +488,39 @@ def test_a_model_whose_replicas_are_all_on_a_cordoned_node_loads_one_elsewhere(c
                 pol.finish(d.action, now + 0.5, 0.5)
         now += 1.0
     assert {d.node for d in seen} == {"g1"} and now < 60
+
+
+@pytest.mark.parametrize("name", ["tangram", "fifo"])
+def test_a_broken_model_rejects_its_waiting_and_later_actions_until_registered_again(name):
+    """model_broken (the plugin's call after a model's loader failed BROKEN_AFTER times in a row): the model's
+    waiting actions and those submitted later are rejected with the reason given; another model's run; set_model
+    (registered again) lets it be tried again."""
+    models = {"judge": ModelSpec("judge", 40.0, 10.0), "other": ModelSpec("other", 10.0, 1.0)}
+    pol = POLICIES[name](ClusterSpec("g", (), (GpuNode("g0", 1, 80.0, (1,)),)), models, ())
+    spec = make_spec("score", "gpu", 1, hint_s=1.0, model="judge")
+
+    def run(t: float) -> tuple[dict, dict]:  # one pass; a background load ends at once
+        out = pol.schedule(t)
+        for d in out:
+            if not isinstance(d, (Start, Reject)):
+                pol.loaded(d.replica, t)
+        return by_class(out)
+
+    pol.submit("hold", make_spec("x", "gpu", 1, hint_s=100.0, model="other"), 0.0)
+    while "hold" not in pol.running:  # it holds the one GPU: the judge's calls wait
+        run(0.0)
+    for i in range(3):
+        pol.submit(f"j{i}", spec, 0.1)
+    assert run(0.2) == ({}, {})
+    pol.model_broken("judge", "judge is broken: the last failure was X")
+    pol.submit("j3", spec, 0.3)
+    starts, rejects = run(0.3)
+    assert starts == {} and set(rejects) == {"j0", "j1", "j2", "j3"}
+    assert {d.reason for d in rejects.values()} == {"judge is broken: the last failure was X"}
+    pol.finish("hold", 1.0, 1.0)
+    pol.set_model(models["judge"])
+    pol.submit("j4", spec, 1.0)
+    seen = set()
+    for t in range(1, 60):
+        seen.update(run(float(t))[0])
+    assert "j4" in seen and not pol.broken

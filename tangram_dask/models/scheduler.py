@@ -35,6 +35,9 @@ from .registry import check_model_fields
 
 logger = logging.getLogger("tangram_dask.models")
 
+#: A model whose loader failed this many times in a row is refused until registered again (``Policy.model_broken``)
+BROKEN_AFTER = 3
+
 
 @dataclass
 class Measured:
@@ -59,6 +62,7 @@ class SchedulerResidency:
     measured: dict[str, Measured] = field(default_factory=dict)
     replicas: dict[str, dict[int, ResidencyReport]] = field(default_factory=dict)  # worker -> replica -> last
     counts: Counter = field(default_factory=Counter)  # load_starts, loads, evictions, failures, stale (events)
+    failed_in_a_row: Counter = field(default_factory=Counter)  # model -> its loader's failures since it last loaded
     _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
 
     def install(self, reconcile_s: float = 1.0) -> None:
@@ -83,6 +87,7 @@ class SchedulerResidency:
                     else str(e)}
         old = self.registrations.get(reg.name)
         self.registrations[reg.name] = reg
+        self.failed_in_a_row.pop(reg.name, None)  # registered again: its loads are tried again
         m = self.measured.get(reg.name)
         if m is not None and old is not None and old.loader == reg.loader:
             # the same loader registered again (a second client, a notebook cell run twice): what its loads
@@ -142,6 +147,10 @@ class SchedulerResidency:
         if r.state == "failed":
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
+            if r.error.startswith("the loader of model"):  # its loader raised or never returned (not: no room)
+                self._loader_failed(r)
+        elif r.state == "resident":
+            self.failed_in_a_row.pop(r.model, None)
         did_not_fit = r.state == "failed" and r.bytes_per_gpu > 0  # a load measured, then refused for room
         if r.state == "resident" or did_not_fit:
             self._measured(r)  # a load that did not fit was measured too: the policy plans with its real size
@@ -161,6 +170,26 @@ class SchedulerResidency:
         for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
             del self.replicas[addr]  # workers gone
         self.reconcile()
+
+    def _loader_failed(self, r: ResidencyReport) -> None:
+        """After ``BROKEN_AFTER`` failures of its loader in a row, on any workers, a model is broken: the
+        policy rejects its actions with the last error until it is registered again. Before session 32 each of
+        its actions waited for a load of its own and erred with it, one at a time (each up to the load
+        deadline, 30 min, for a loader that never returns)."""
+        n = self.failed_in_a_row[r.model] = self.failed_in_a_row[r.model] + 1
+        pol = self.plugin.policy
+        if n < BROKEN_AFTER or pol is None or r.model in pol.broken:
+            return
+        reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused until it is "
+                  f"registered again (tangram_dask.register_model); the last failure: {r.error}")
+        logger.error("tangram: %s", reason)
+        try:
+            pol.model_broken(r.model, reason)
+        except Exception:  # a policy bug must not take the scheduler's stream down
+            logger.exception("tangram: the policy could not mark model %s broken", r.model)
+        kick = getattr(self.plugin, "_kick", None)
+        if kick is not None:
+            kick()
 
     def tick(self) -> None:
         """Once a second: reconcile, and ask the policy again while GPU actions wait.

@@ -85,6 +85,7 @@ class Policy:
         self._ready: list[Decision] = []
         self.decisions = 0
         self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
+        self.broken: dict[str, str] = {}  # models whose loads keep failing -> why their actions are rejected
         self._failed_loads: set[ReplicaId] = set()  # replicas whose load failed under the action holding them
         self.rejected = 0
         self._capacity = self._measure_capacity()
@@ -115,6 +116,9 @@ class Policy:
 
     # -- actions ----------------------------------------------------------------
     def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> Shortfall | None:
+        if self.broken and spec.model in self.broken:
+            self._reject(aid, self.broken[spec.model])
+            return None
         sf = never_fits(spec, self._capacity, self.models)
         if sf is None:
             self._submit(aid, spec, now)
@@ -248,10 +252,23 @@ class Policy:
 
     def set_model(self, model: ModelSpec) -> None:
         """A model was registered, or its memory or load time measured: later decisions use it, and its
-        replicas in the ledger take the measured memory."""
+        replicas in the ledger take the measured memory. A model marked broken is no longer."""
+        self.broken.pop(model.name, None)
         self.models[model.name] = model
         self.gpu.resize(model.name, model.gpu_memory_gb)
         self._nodes_changed(models_changed=True)
+
+    def model_broken(self, model: str, reason: str) -> None:
+        """``model``'s loads keep failing (its loader raises, or never returns): its waiting actions, and those
+        submitted later, are rejected with ``reason`` until it is registered again (:meth:`set_model`)."""
+        self.broken[model] = reason
+        for aid, spec in self._queued_specs():
+            if spec.model == model and self._drop_pending(aid):
+                self._reject(aid, reason)
+        for aid, (spec, _, _) in list(self.unplaceable.items()):
+            if spec.model == model:
+                del self.unplaceable[aid]
+                self._reject(aid, reason)
 
     def load_failed(self, replica: ReplicaId, now: float) -> None:
         """The worker could not load ``replica`` and holds nothing for it: it leaves the ledger, at once
