@@ -210,10 +210,11 @@ def test_a_bad_loader_errs_the_action_that_needs_it_while_others_serve(env):
     assert models_snapshot(client)["counts"]["failures"] >= 1
 
 
-def test_a_model_whose_loader_keeps_failing_is_refused_until_registered_again(env):
+def test_a_model_whose_loader_keeps_failing_is_refused_until_registered_again(env, monkeypatch):
     """Its first actions err with the loader's error, each after a load of its own; after BROKEN_AFTER failed
-    loads in a row the rest are refused at once, naming the model and the last failure; registered again (here
-    with a loader that works), its actions run."""
+    loads in a row the rest are refused at once, naming the model and the last failure; after BROKEN_RETRY_S one
+    load is tried again, and its failure refuses the model again; registered again (here with a loader that
+    works), its actions run."""
     from tangram_dask.models.scheduler import BROKEN_AFTER
 
     client, plugin, _ = env
@@ -233,9 +234,21 @@ def test_a_model_whose_loader_keeps_failing_is_refused_until_registered_again(en
     with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
         more = [client.submit(judge, "rm-broken", "x", "x", pure=False) for _ in range(3)]
     for f in more:
-        with pytest.raises(tangram_dask.PlacementError, match="rm-broken' failed to load 3 times in a row"):
+        with pytest.raises(tangram_dask.PlacementError,
+                           match="rm-broken' failed to load 3 times in a row, so its actions are refused for 60 s"):
             f.result(timeout=30)
     assert time.monotonic() - t0 < 10
+
+    # after BROKEN_RETRY_S (shortened here) one more load is tried; it fails, and the model is refused again
+    import tangram_dask.models.scheduler as ms
+    monkeypatch.setattr(ms, "BROKEN_RETRY_S", 0.5)
+    wait_until(lambda: "rm-broken" not in plugin.policy.broken, what="the model tried again")
+    monkeypatch.setattr(ms, "BROKEN_RETRY_S", 60.0)
+    for match in ("failed on GPUs", "failed to load 4 times in a row"):
+        with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
+            f = client.submit(judge, "rm-broken", "x", "x", pure=False)
+        with pytest.raises(Exception, match=match):
+            f.result(timeout=30)
     register_model(client, "rm-broken", rm_small(), memory_gb=0.002, load_s=0.5)
     with tangram_dask.action(kind="judge", resource="gpu", model="rm-broken"):
         ok = client.submit(judge, "rm-broken", "x", "x", pure=False)

@@ -23,6 +23,7 @@ a second (:meth:`SchedulerResidency.reconcile`).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,10 @@ from .registry import check_model_fields
 
 logger = logging.getLogger("tangram_dask.models")
 
-#: A model whose loader failed this many times in a row is refused until registered again (``Policy.model_broken``)
+#: A model whose loader failed this many times in a row is refused (``Policy.model_broken``) for BROKEN_RETRY_S
+#: seconds, or until registered again; then one more load is tried, and one more failure refuses it again
 BROKEN_AFTER = 3
+BROKEN_RETRY_S = 60.0
 
 
 @dataclass
@@ -63,6 +66,7 @@ class SchedulerResidency:
     replicas: dict[str, dict[int, ResidencyReport]] = field(default_factory=dict)  # worker -> replica -> last
     counts: Counter = field(default_factory=Counter)  # load_starts, loads, evictions, failures, stale (events)
     failed_in_a_row: Counter = field(default_factory=Counter)  # model -> its loader's failures since it last loaded
+    broken_since: dict = field(default_factory=dict)  # model -> monotonic time it was marked broken
     _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
 
     def install(self, reconcile_s: float = 1.0) -> None:
@@ -180,8 +184,10 @@ class SchedulerResidency:
         pol = self.plugin.policy
         if n < BROKEN_AFTER or pol is None or r.model in pol.broken:
             return
-        reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused until it is "
-                  f"registered again (tangram_dask.register_model); the last failure: {r.error}")
+        self.broken_since[r.model] = time.monotonic()
+        reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused for "
+                  f"{BROKEN_RETRY_S:g} s (then one load is tried again), or until it is registered again "
+                  f"(tangram_dask.register_model); the last failure: {r.error}")
         logger.error("tangram: %s", reason)
         try:
             pol.model_broken(r.model, reason)
@@ -200,6 +206,16 @@ class SchedulerResidency:
         Asking again decides nothing here; the policy does.
         """
         self.reconcile()
+        pol = self.plugin.policy
+        if self.broken_since and pol is not None:  # half-open: after a while, a broken model's next load is tried
+            for model, t in list(self.broken_since.items()):
+                if model not in pol.broken:  # registered again (set_model cleared it)
+                    del self.broken_since[model]
+                elif time.monotonic() - t >= BROKEN_RETRY_S:
+                    del self.broken_since[model]  # its count stays: one more failure refuses it again
+                    pol.model_mended(model)
+                    logger.warning("tangram: model %s is tried again (refused for %g s after its loads failed)",
+                                   model, BROKEN_RETRY_S)
         if self.plugin.policy is not None:  # one policy.schedule(now) a second: cheap next to a flush per event
             kick = getattr(self.plugin, "_kick", None)
             if kick is not None:

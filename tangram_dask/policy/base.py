@@ -260,7 +260,7 @@ class Policy:
 
     def model_broken(self, model: str, reason: str) -> None:
         """``model``'s loads keep failing (its loader raises, or never returns): its waiting actions, and those
-        submitted later, are rejected with ``reason`` until it is registered again (:meth:`set_model`)."""
+        submitted later, are rejected with ``reason`` until :meth:`model_mended` or :meth:`set_model`."""
         self.broken[model] = reason
         for aid, spec in self._queued_specs():
             if spec.model == model and self._drop_pending(aid):
@@ -269,6 +269,10 @@ class Policy:
             if spec.model == model:
                 del self.unplaceable[aid]
                 self._reject(aid, reason)
+
+    def model_mended(self, model: str) -> None:
+        """``model`` may be tried again (its actions are no longer rejected); safe if it was not broken."""
+        self.broken.pop(model, None)
 
     def load_failed(self, replica: ReplicaId, now: float) -> None:
         """The worker could not load ``replica`` and holds nothing for it: it leaves the ledger, at once
