@@ -31,7 +31,8 @@ SCHEDULER_FAMILIES = {
     "unplaceable_actions": "gauge", "admission_queue": "gauge", "placements": "counter", "rejections": "counter",
     "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
     "model_replicas": "gauge", "model_memory_bytes": "gauge", "admissions": "counter",
-    "admission_wait_seconds": "counter", "gpu_waiting_actions": "gauge",
+    "admission_wait_seconds": "counter", "gpu_waiting_actions": "gauge", "paused_workers": "gauge",
+    "broken_models": "gauge",
 }
 WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
                    "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",
@@ -146,6 +147,51 @@ def test_every_family_matches_state_json_at_the_same_moment(env):
     assert samples("model_loads", "_total") == {(("model", m),): v for m, v in c["loads"].items()}
     ev.set()
     client.gather(holds)
+
+
+def _set_status(status: str, dask_worker=None) -> None:
+    from distributed.core import Status
+    dask_worker.status = Status[status]  # what the memory monitor does
+
+
+def test_a_paused_worker_and_a_broken_model_are_exported(env):
+    """While Dask has the GPU worker paused, the scheduler exports it (paused_workers 1) and the model whose
+    only replica is there waits for the reason "paused"; a model the policy refuses shows in broken_models."""
+    client, plugin, url = env
+
+    def scrape() -> dict:
+        fams = families(get(f"{url}/metrics").decode())
+        return {"paused": fams["dask_tangram_paused_workers"].samples[0].value,
+                "waiting": {(s.labels["model"], s.labels["reason"]): s.value
+                            for s in fams["dask_tangram_gpu_waiting_actions"].samples},
+                "broken": {s.labels["model"]: s.value for s in fams["dask_tangram_broken_models"].samples}}
+
+    gpu = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "gpu-0")
+    with tangram_dask.action(kind="rm_score", resource="gpu", model="rm-a", units=1, hint_s=0.05):
+        client.submit(work, 0.05, pure=False).result(timeout=30)  # a replica of rm-a on gpu-0
+    assert scrape()["paused"] == 0
+    client.run(_set_status, "paused", workers=[gpu])
+    try:
+        deadline = time.monotonic() + 20
+        while not plugin.policy.cordoned():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with tangram_dask.action(kind="rm_score", resource="gpu", model="rm-a", units=1, hint_s=0.05):
+            waits = client.submit(work, 0.05, pure=False)
+        plugin.scheduler.loop.add_callback(plugin.policy.model_broken, "rm-gone", "rm-gone is broken")
+        deadline = time.monotonic() + 20
+        while (got := scrape())["waiting"] != {("rm-a", "paused"): 1} or got["broken"] != {"rm-gone": 1}:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.3)
+        assert got["paused"] == 1 and not waits.done()
+    finally:
+        client.run(_set_status, "running", workers=[gpu])
+    assert waits.result(timeout=30) == 0.05  # it runs once the worker runs again
+    plugin.scheduler.loop.add_callback(plugin.policy.model_mended, "rm-gone")
+    deadline = time.monotonic() + 20
+    while (got := scrape())["paused"] != 0 or got["broken"]:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.3)
 
 
 def test_workers_export_their_sandbox_pools(env):

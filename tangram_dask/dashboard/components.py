@@ -114,7 +114,7 @@ class PoolTable(DashboardComponent):
     # a model's row: what holds its replicas while its actions wait (the policy's gpu_waiting)
     REPLICAS = {"idle": "one idle, held for a later start", "gpu_shared": "GPUs serving another model",
                 "gpu_loading": "GPUs held by another model's load", "loading": "one loading",
-                "busy": "all serving", "no_replica": "none"}
+                "busy": "all serving", "paused": "on paused workers", "no_replica": "none"}
 
     def __init__(self, view: TangramView, **kwargs: Any):
         self.view = view

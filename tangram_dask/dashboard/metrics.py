@@ -17,7 +17,11 @@ Scheduler families (all read from :meth:`TangramView.state`):
 - ``dask_tangram_units_capacity|units_in_use|units_free{resource,pool}``; ``dask_tangram_queued_actions{resource,pool}``
 - ``dask_tangram_unplaceable_actions``, ``dask_tangram_admission_queue``
 - ``dask_tangram_gpu_waiting_actions{model,reason}``: GPU actions waiting, by what holds their model's replicas
-  (``idle``, ``gpu_shared``: their GPUs serve another model, ``gpu_loading``, ``loading``, ``busy``, ``no_replica``)
+  (``idle``, ``gpu_shared``: their GPUs serve another model, ``gpu_loading``, ``loading``, ``busy``, ``paused``:
+  on paused workers, ``no_replica``)
+- ``dask_tangram_paused_workers``: workers the policy has cordoned (Dask paused them: memory);
+  ``dask_tangram_broken_models{model}``: 1 for each model refused after its loader failed ``BROKEN_AFTER`` times
+  in a row
 - ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
   ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
   (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
@@ -110,11 +114,19 @@ class TangramSchedulerCollector(PrometheusCollector):
         yield _gauge(n("admission_queue"), "Trajectories waiting to be admitted", L, me,
                      pol["admission_queue"])
         waiting = GaugeMetricFamily(n("gpu_waiting_actions"), "GPU actions waiting, by model and by what holds "
-                                    "its replicas (idle, gpu_shared, gpu_loading, loading, busy, no_replica)",
+                                    "its replicas (idle, gpu_shared, gpu_loading, loading, busy, paused, no_replica)",
                                     labels=[*L, "model", "reason"])
         for w in pol.get("gpu_waiting", ()):
             waiting.add_metric([me, w["model"], w["reason"]], w["count"])
         yield waiting
+        extra = pol.get("extra") or {}
+        yield _gauge(n("paused_workers"), "Workers the policy takes nothing new to (Dask paused them)", L, me,
+                     len(extra.get("cordoned", ())))
+        broken = GaugeMetricFamily(n("broken_models"), "Models refused after their loader failed again and again "
+                                   "(1 each)", labels=[*L, "model"])
+        for m in extra.get("broken", ()):
+            broken.add_metric([me, m], 1)
+        yield broken
 
         c = st["counters"]
         yield _counter(n("placements"), "Actions placed by the policy", L, me, c["placements"])

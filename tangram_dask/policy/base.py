@@ -460,7 +460,8 @@ class Policy:
     def snapshot(self) -> PolicySnapshot:
         reps = tuple((r.model, r.node, r.gpus, r.busy) for r in self.gpu.replicas.values())
         return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions,
-                              {"rejected": self.rejected},
+                              {"rejected": self.rejected, "cordoned": sorted(self.cordoned()),
+                               "broken": sorted(self.broken)},
                               tuple(sf for _, sf, _ in self.unplaceable.values()),
                               self._admission_waiting(), self._node_stats(), self.gpu_waiting())
 

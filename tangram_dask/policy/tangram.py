@@ -670,7 +670,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
     def gpu_waiting(self) -> tuple[tuple[str, str, int], ...]:
         """``(model, reason, actions)`` for each model whose GPU actions wait: the first reason of
         ``GPU_WAIT_REASONS`` that one of its replicas gives (an idle replica held back, an idle one whose GPUs
-        serve another model or hold a load, one loading, all busy with its own actions, none at all).
+        serve another model or hold a load, one loading, all busy with its own actions, idle ones on paused
+        workers only, none at all).
         benchmarks/gpu_waits.py sums it over a run; the scheduler exports it (``dask_tangram_gpu_waiting_actions``)."""
         gp = self.gpu
         out = []
@@ -680,7 +681,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             found = set()
             for rid in gp.by_model.get(model, ()):
                 r = gp.replicas[rid]
-                if r.loading:
+                if gp.nodes[r.node].cordon is not None and not r.busy:
+                    found.add("paused")  # (its GPUs read busy: held by the cordon)
+                elif r.loading:
                     found.add("loading")
                 elif r.busy:
                     found.add("busy")
@@ -701,7 +704,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         out = {"cpu": 0, "api": 0, "gpu": 0}
         for pool in self.pools.values():
             out[pool.resource] += len(pool.waiting)
-        out["cpu"] += sum(len(w) for w in self.home_wait.values()) + len(self.reserved)
+        out["cpu"] += sum(len(w) for w in self.home_wait.values()) + len(self.reserved) + len(self.cordon_parked)
         return out
 
     def _admission_waiting(self) -> int:

@@ -215,5 +215,6 @@ GPU_WAIT_REASONS = (
     "gpu_loading",  # one replica is idle, but its GPUs are held by another replica's load
     "loading",      # one replica is loading
     "busy",         # every replica serves this model's actions
+    "paused",       # its idle replicas are on paused workers (cordoned: they take nothing new)
     "no_replica",   # the model has no replica
 )
