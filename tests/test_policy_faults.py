@@ -22,7 +22,7 @@ import pytest
 
 from tangram_dask import make_spec
 from tangram_dask.cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
-from tangram_dask.policy import FifoPolicy, TangramPolicy
+from tangram_dask.policy import FifoPolicy, TangramOptions, TangramPolicy
 from tangram_dask.policy.types import Reject, Start
 
 POLICIES = {"tangram": TangramPolicy, "fifo": FifoPolicy}
@@ -524,3 +524,30 @@ def test_a_broken_model_rejects_its_waiting_and_later_actions_until_registered_a
     for t in range(1, 60):
         seen.update(run(float(t))[0])
     assert "j4" in seen and not pol.broken
+
+
+@pytest.mark.parametrize("ahead_wait", [1.0, 0.0], ids=["ahead_wait", "off"])
+def test_an_action_is_sent_ahead_only_where_a_slot_frees_soon(ahead_wait):
+    """Two 1-slot nodes with 2 dispatch-ahead units each (the plugin's pipeline): a 0.5 s action runs on A, a
+    30 s one on B. Four more 0.5 s actions: with ahead_wait, two go ahead to A (its action ends within 1 s), and
+    two wait in the policy for a slot; none waits on B behind the 30 s action. Off, two went to B (live, in
+    session 32, with a 6 s action there: they ended at 6.0 and 6.5 s, against 1.5 and 2.0 s with it)."""
+    pol = TangramPolicy(ClusterSpec("c"), {}, (), options=TangramOptions(ahead_wait=ahead_wait))
+    pol.add_cpu_node(CpuNode("A", 1), ahead=2)
+    pol.add_cpu_node(CpuNode("B", 1), ahead=2)
+    pol.submit("long", make_spec("long", "cpu", 1, hint_s=30.0), 0.0)
+    pol.submit("s0", make_spec("short", "cpu", 1, hint_s=0.5), 0.0)
+    starts, _ = by_class(pol.schedule(0.0))
+    on = {a: d.node for a, d in starts.items()}
+    assert on == {"s0": on["s0"], "long": ({"A", "B"} - {on["s0"]}).pop()}
+    for i in range(1, 5):
+        pol.submit(f"s{i}", make_spec("short", "cpu", 1, hint_s=0.5), 0.1)
+    starts, _ = by_class(pol.schedule(0.1))
+    nodes = sorted(d.node for d in starts.values())
+    if ahead_wait:
+        assert nodes == [on["s0"]] * 2 and len(pol.pools["cpu"].waiting) == 2
+        pol.finish("s0", 0.5, 0.5)  # A's slot frees: the ones waiting here go there as it frees, not to B
+        later = [d.node for d in pol.schedule(0.5) if isinstance(d, Start)]
+        assert later == [on["s0"]]
+    else:
+        assert nodes.count(on["long"]) == 2

@@ -211,14 +211,15 @@ def _stamp(path: str) -> int:
 
 
 def test_timeout_s_counts_from_the_start_of_an_action_dispatched_ahead(two_small_workers, tmp_path):
-    """Dispatch-ahead (the default, pipeline 2): with one worker's 2 slots held by a 6 s action, of four 0.3 s
+    """Dispatch-ahead (the default, pipeline 2): with one worker's 2 slots held by a 6 s action (hinted 0.5 s, so
+    the policy expects it to end soon and sends ahead to it, ahead_wait), of four 0.3 s
     actions with timeout_s = 2 one is sent ahead to that worker and waits there for its slots. Its timeout counts
     from when it starts, so all four end well. Before session 31 it counted from the grant: the waiting one
     erred as "ran past its timeout_s" before it had started, and then ran anyway."""
     client, plugin = two_small_workers
     log = tmp_path / "starts"
     log.touch()
-    with tangram_dask.action(kind="long", resource="cpu", units=2, hint_s=6.0):
+    with tangram_dask.action(kind="long", resource="cpu", units=2, hint_s=0.5):  # mis-hinted: sent ahead to
         long = client.submit(_sleep, 6.0, pure=False)
     deadline = time.monotonic() + 20
     while not any(r.spec.kind == "long" for r in plugin.policy.running.values()):

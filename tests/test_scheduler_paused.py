@@ -66,7 +66,7 @@ def _status(plugin, addr: str) -> str:
 def test_a_paused_worker_takes_nothing_new_and_what_waits_there_moves(cluster, tmp_path):
     client, plugin, addr = cluster
     go = {name: tmp_path / f"go-{name}" for name in addr}
-    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=0.5):  # (hinted short: sent ahead to)
         blockers = [client.submit(_until, str(go[n]), pure=False, key=f"block-{n}") for n in addr]
     _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
     on = {r.node: aid for aid, r in plugin.policy.running.items()}
@@ -167,7 +167,7 @@ def test_an_answer_made_stale_by_a_flap_moves_nothing_and_nothing_runs_twice(clu
     then ran on both workers."""
     client, plugin, addr = cluster
     go = {i: tmp_path / f"go-{i}" for i in range(2)}
-    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=0.5):  # (hinted short: sent ahead to)
         blockers = [client.submit(_until, str(go[i]), 8.0, pure=False, key=f"block-{i}") for i in range(2)]
     _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
     runs = tmp_path / "runs"
@@ -209,7 +209,7 @@ def test_api_calls_sent_to_a_paused_worker_run_elsewhere(cluster, tmp_path):
     they waited there, holding their tokens, until it ran again)."""
     client, plugin, addr = cluster
     go = {i: tmp_path / f"go-{i}" for i in range(2)}
-    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=0.5):  # (hinted short: sent ahead to)
         blockers = [client.submit(_until, str(go[i]), 60.0, pure=False, key=f"block-{i}") for i in range(2)]
     _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
     with tangram_dask.action(kind="search", resource="api", units=1, hint_s=0.1):
@@ -240,7 +240,7 @@ def test_an_action_still_on_its_way_to_the_worker_when_it_pauses_moves_once_it_a
     client, plugin, addr = cluster
     sched = plugin.scheduler
     go = {i: tmp_path / f"go-{i}" for i in range(2)}
-    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=5.0):
+    with tangram_dask.action(kind="block", resource="cpu", units=1, hint_s=0.5):  # (hinted short: sent ahead to)
         blockers = [client.submit(_until, str(go[i]), 60.0, pure=False, key=f"block-{i}") for i in range(2)]
     _wait(lambda: len(plugin.policy.running) == 2, "both blockers granted")
     _wait(lambda: all(sched.tasks[f"block-{i}"].state == "processing" for i in range(2)), "blockers sent")

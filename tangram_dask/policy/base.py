@@ -86,6 +86,8 @@ class Policy:
         self.decisions = 0
         self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
         self.broken: dict[str, str] = {}  # models whose loads keep failing -> why their actions are rejected
+        # per CPU node, its running actions' expected ends, kept only where nodes take dispatch-ahead units (live)
+        self.cpu_ends: dict[str, dict[ActionId, float]] = {}
         self._failed_loads: set[ReplicaId] = set()  # replicas whose load failed under the action holding them
         self.rejected = 0
         self._capacity = self._measure_capacity()
@@ -204,6 +206,8 @@ class Policy:
         r = self.running.pop(aid, None)
         if r is None:
             return
+        if self.cpu_ends and r.node in self.cpu_ends:
+            self.cpu_ends[r.node].pop(aid, None)
         self._release(r, now)
         if self.trajectory_ttl_s is not None:  # (_touch's own test, read here: once per action)
             self._touch(r.spec.trajectory, now)
@@ -213,6 +217,8 @@ class Policy:
         """Forget a pending action, or free what a running one holds. Safe twice."""
         r = self.running.pop(aid, None)
         if r is not None:
+            if self.cpu_ends and r.node in self.cpu_ends:
+                self.cpu_ends[r.node].pop(aid, None)
             self._release(r, now)
             return True
         if self.unplaceable.pop(aid, None) is not None:
@@ -313,6 +319,7 @@ class Policy:
         lost = [aid for aid, r in self.running.items() if r.node == name]
         for aid in lost:
             del self.running[aid]
+        self.cpu_ends.pop(name, None)
         if name in self.cpu.capacity:
             self.cpu.remove(name)
         elif name in self.gpu.nodes:
@@ -393,6 +400,8 @@ class Policy:
             restore = prev is not None and prev != node
             self.home[spec.trajectory] = node
         self.running[aid] = Running(spec, node, k, None, now, now + est_s)
+        if self.cpu.ahead:  # (the live plugin's dispatch-ahead: where a slot is expected to free soonest)
+            self.cpu_ends.setdefault(node, {})[aid] = now + est_s
         return Start(aid, node, k, restore=restore, restore_from=prev if restore else "")
 
     def _start_api(self, aid: ActionId, spec: ActionSpec, k: int, now: float, est_s: float = 0.0) -> Start:

@@ -153,6 +153,18 @@ class CpuPool:
                 best = name
         return best
 
+    def with_free(self, need: int, most: int):
+        """Up to ``most`` nodes that have ``need`` free units and at least ``need`` slots, the most free first."""
+        b = self._buckets
+        found = 0
+        for f in range(self.max_free, need - 1, -1):
+            for name in b[f]:
+                if self.limit[name] >= need:
+                    yield name
+                    found += 1
+                    if found >= most:
+                        return
+
     # -- changes ---------------------------------------------------------------
     def take(self, name: str, k: int) -> None:
         f = self.free[name]

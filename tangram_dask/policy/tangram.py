@@ -150,6 +150,9 @@ class TangramOptions:
                                 # (M/M/c, Erlang C) at most this x their mean work, and one of them goes for a denser
                                 # model only if the rest keep that, its last while a call is expected within one
                                 # reload (0: it keeps ceil(demand), a replica per busy one)
+    ahead_wait: float = 1.0     # >0: an action is sent ahead of a free slot (the plugin's dispatch-ahead) only to a
+                                # node where a running action is expected to end within this many seconds, the
+                                # soonest of up to 8 such nodes; else it waits here for a slot (0: the most free node)
     pair_floor: float = 1.0     # 1: an elastic CPU action (parallel_fraction > 0) starts on at least units.min + 1
                                 # units where its node has them free, whatever the spare cap; where it has only
                                 # units.min free, it reserves one more when that saves reserve_gain x the wait for it
