@@ -178,7 +178,9 @@ class ModelRegistration:
 class ResidencyReport:
     """worker -> scheduler, each time one replica changes state (not on the heartbeat).
 
-    ``state``: ``loading``, ``resident``, ``evicted`` or ``failed``.
+    ``state``: ``loading``, ``resident``, ``evicted`` or ``failed``; ``stalled`` after a load given up on
+    at its deadline (its loader runs on, and may hold ``bytes_per_gpu`` on each of ``gpus``: load ``hold`` of
+    the worker), ``unstalled`` once that loader returned and what it held is free.
     ``bytes_per_gpu``: what the replica holds on each of its GPUs, as
     ``measured_by`` says (``cuda``: CUDA's allocated memory, before and after
     the load; ``params``: the model's parameter bytes, split over its GPUs).
@@ -202,6 +204,7 @@ class ResidencyReport:
     error: str = ""
     free_bytes: tuple[int, ...] = ()
     first: bool = False
+    hold: int = 0  # "stalled" / "unstalled": which given-up load holds (or no longer holds) bytes_per_gpu
 
     def to_msg(self) -> dict[str, Any]:
         d = asdict(self)
@@ -214,4 +217,5 @@ class ResidencyReport:
         return cls(int(d["replica"]), str(d["model"]), str(d["state"]), tuple(int(g) for g in d.get("gpus", ())),
                    int(d.get("bytes_per_gpu", 0)), int(d.get("param_bytes", 0)), str(d.get("measured_by", "")),
                    float(d.get("load_s", 0.0)), str(d.get("error", "")),
-                   tuple(int(b) for b in d.get("free_bytes", ())), bool(d.get("first", False)))
+                   tuple(int(b) for b in d.get("free_bytes", ())), bool(d.get("first", False)),
+                   int(d.get("hold", 0)))

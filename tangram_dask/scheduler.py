@@ -493,7 +493,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         for key in [*self._granted_on.get(addr, ()), *self._granted_on.get("", ())]:
             a = self.actions.get(key)
             g = a.grant if a is not None else None
-            if a.state != GRANTED or g is None or g.worker not in (addr, ""):
+            if a is None or a.state != GRANTED or g is None or g.worker not in (addr, ""):
                 continue
             ts = tasks.get(key)
             if ts is None:
@@ -685,6 +685,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 self._done(key, self.scheduler.tasks.get(key))
             if finish == "forgotten":
                 self.actions.pop(key, None)
+                self._ungranted(key)
                 self._to_fail.pop(key, None)
         except Exception as e:
             logger.exception("tangram: error handling %s -> %s of action %r", start, finish, key)

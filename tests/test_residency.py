@@ -412,9 +412,10 @@ def test_a_loader_that_does_not_return_in_time_fails_its_load_and_the_gpu_serves
         with pytest.raises(ModelError, match=r"loader of model 'big' did not return within 0\.3 s on GPUs \[0\]"):
             res.get("stuck", timeout=10)
         assert time.monotonic() - t0 < 5
-        while len(reports) < 2 and time.monotonic() - t0 < 10:  # reported just after the action is woken
+        while len(reports) < 3 and time.monotonic() - t0 < 10:  # reported just after the action is woken
             time.sleep(0.01)
-        assert [(x.replica, x.state) for x in reports] == [(0, "loading"), (0, "failed")]
+        assert [(x.replica, x.state) for x in reports] == [(0, "loading"), (0, "failed"), (0, "stalled")]
+        assert reports[2].bytes_per_gpu == big and reports[2].hold == 1  # what the scheduler's ledger holds too
         assert res.used == [big]  # the stalled loader may hold it: still counted
         res.unpin("stuck")
         res.prepare("again", 0, "big", (0,))  # the replica granted again: no room beside the stalled load, and why
@@ -430,6 +431,8 @@ def test_a_loader_that_does_not_return_in_time_fails_its_load_and_the_gpu_serves
     while res.used != [small] or "given up on (replica 0) returned after all" not in caplog.text:
         assert time.monotonic() < deadline, res.used
         time.sleep(0.02)
+    assert [(x.state, x.hold) for x in reports if x.state in ("stalled", "unstalled")] == [("stalled", 1),
+                                                                                          ("unstalled", 1)]
     assert res.replicas[0].state == "failed" and res.replicas[0].scorer is None
     res.close()
 

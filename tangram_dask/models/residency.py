@@ -40,6 +40,7 @@ from ..messages import ResidencyReport
 logger = logging.getLogger("tangram_dask.models")
 
 LOADING, RESIDENT, FAILED, EVICTED = "loading", "resident", "failed", "evicted"
+SHUTDOWN_PREFIX = "the worker is shutting down: "  # a failed load's report that is not its loader's fault
 
 
 class Scorer(Protocol):
@@ -151,6 +152,14 @@ class Replica:
     error: BaseException | None = None
     pins: set = field(default_factory=set)
     ready: threading.Event = field(default_factory=threading.Event)
+
+
+class LoadGivenUp(ModelError):
+    """A load given up on at its deadline: its loader runs on, and ``per_gpu`` bytes stay counted (load ``hold``)."""
+
+    def __init__(self, hold: int, per_gpu: int, message: str):
+        super().__init__(message)
+        self.hold, self.per_gpu = hold, per_gpu
 
 
 @dataclass
@@ -333,6 +342,8 @@ class Residency:
         if r.state in (LOADING, RESIDENT):
             for g in r.gpus:
                 self.used[g] -= r.bytes_per_gpu
+        if r.state == LOADING:  # its load thread must not give the estimate back again (nor a hung entry keep it)
+            r.bytes_per_gpu = 0
         r.state = EVICTED if r.state == RESIDENT else r.state
         r.scorer = None
 
@@ -377,6 +388,9 @@ class Residency:
             for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
                 lk.acquire()
             try:
+                with self._cond:
+                    hung_seq = self._hung_seq
+                    hung_beside = any(set(gpus) & set(r.gpus) for gpus, _ in self._hung.values())
                 token = self.probe.before(r.devices)
                 t0 = time.perf_counter()
                 scorer = self._call_loader(entry, r)
@@ -385,6 +399,10 @@ class Residency:
                                      f"no score(batch) method")
                 load_s = time.perf_counter() - t0
                 measured = self.probe.after(r.devices, token)
+                with self._cond:  # a loader given up on ran (or returned) beside it: CUDA's counters mix the two
+                    if hung_beside or self._hung_seq != hung_seq or any(
+                            set(gpus) & set(r.gpus) for gpus, _ in self._hung.values()):
+                        measured = None
             finally:
                 for lk in reversed(locks):
                     lk.release()
@@ -431,11 +449,14 @@ class Residency:
             r.ready.set()
             gc.collect()
             self.probe.freed(r.devices)
-            if self._closed or _at_shutdown(e):  # Ctrl-C or a closing worker: expected, not a broken loader
+            shutdown = self._closed or _at_shutdown(e)
+            if shutdown:  # Ctrl-C or a closing worker: expected, not a broken loader
                 logger.info("tangram: %s (the worker is shutting down)", r.error)
             else:
                 logger.warning("tangram: %s", r.error)
-            self._report(r, FAILED, str(r.error))
+            self._report(r, FAILED, f"{SHUTDOWN_PREFIX}{r.error}" if shutdown else str(r.error))
+            if isinstance(e, LoadGivenUp):  # what its loader may hold stays counted: the scheduler's ledger too
+                self._report_hold(r, "stalled", e.hold, e.per_gpu)
 
     def _call_loader(self, entry: ModelEntry, r: Replica) -> Any:
         """The loader's scorer; with a deadline (``entry.timeout_s``) the loader runs in a thread of its own.
@@ -477,7 +498,8 @@ class Residency:
                     self._hung[self._hung_seq] = (r.gpus, r.bytes_per_gpu)
                     r.bytes_per_gpu = 0
             if hung:
-                raise ModelError(f"the loader of model {r.model!r} did not return within {timeout:g} s on GPUs "
+                raise LoadGivenUp(box["given_up"], self._hung[box["given_up"]][1],
+                                  f"the loader of model {r.model!r} did not return within {timeout:g} s on GPUs "
                                  f"{list(r.gpus)} (devices {list(r.devices)}): the load is given up (raise "
                                  f"tangram.worker.load-timeout-s if it is only slow); its thread runs on, and "
                                  f"what it may hold stays counted on those GPUs until it returns")
@@ -503,8 +525,17 @@ class Residency:
             self._cond.notify_all()
         gc.collect()
         self.probe.freed(r.devices)
+        self._report_hold(r, "unstalled", key, per_gpu)
         logger.warning("tangram: the loader of model %r given up on (replica %d) returned after all: dropped; its "
                        "GPUs %s are free again", r.model, r.rid, list(r.gpus))
+
+    def _report_hold(self, r: Replica, state: str, key: int, per_gpu: int) -> None:
+        with self._cond:
+            free = tuple(c - u for c, u in zip(self.capacity, self.used))
+        try:
+            self.report(ResidencyReport(r.rid, r.model, state, r.gpus, per_gpu, free_bytes=free, hold=key))
+        except Exception:  # reporting must never break residency
+            logger.exception("tangram: could not report load %d of replica %d %s", key, r.rid, state)
 
     def _report(self, r: Replica, state: str, error: str = "") -> None:
         with self._cond:

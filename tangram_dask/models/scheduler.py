@@ -92,6 +92,9 @@ class SchedulerResidency:
         old = self.registrations.get(reg.name)
         self.registrations[reg.name] = reg
         self.failed_in_a_row.pop(reg.name, None)  # registered again: its loads are tried again
+        self.broken_since.pop(reg.name, None)
+        if self.plugin.policy is not None:  # (set_model below runs only if its figures changed)
+            self.plugin.policy.model_mended(reg.name)
         m = self.measured.get(reg.name)
         if m is not None and old is not None and old.loader == reg.loader:
             # the same loader registered again (a second client, a notebook cell run twice): what its loads
@@ -141,6 +144,9 @@ class SchedulerResidency:
         except Exception:
             logger.exception("tangram: malformed residency report from %s: %r", worker, report)
             return
+        if r.state in ("stalled", "unstalled"):
+            self._stalled(worker, r)
+            return
         reps = self.replicas.setdefault(worker, {})
         if r.state in ("evicted", "failed"):
             reps.pop(r.replica, None)
@@ -175,6 +181,29 @@ class SchedulerResidency:
             del self.replicas[addr]  # workers gone
         self.reconcile()
 
+    def _stalled(self, worker: str, r: ResidencyReport) -> None:
+        """A load given up on at its deadline (``stalled``): its loader runs on and may hold its estimate on its
+        GPUs, so the policy's ledger holds that memory too, and the replica leaves the ledger (else every later
+        action of the model was granted it, on a GPU without the room, and erred). ``unstalled``: the loader
+        returned, the memory is free."""
+        pol = self.plugin.policy
+        if pol is None:
+            return
+        self.counts[r.state] += 1
+        try:
+            if r.state == "stalled":
+                pol.hold_gpu_memory((worker, r.hold), worker, r.gpus, r.bytes_per_gpu / 1e9)
+                failed = getattr(self.plugin, "replica_failed", None)
+                if failed is not None:
+                    failed(worker, r.replica)
+            else:
+                pol.release_gpu_memory((worker, r.hold))
+        except Exception:  # a policy bug must not take the scheduler's stream down
+            logger.exception("tangram: the policy could not take worker %s's stalled load %d", worker, r.hold)
+        kick = getattr(self.plugin, "_kick", None)
+        if kick is not None:
+            kick()
+
     def _loader_failed(self, r: ResidencyReport) -> None:
         """After ``BROKEN_AFTER`` failures of its loader in a row, on any workers, a model is broken: the
         policy rejects its actions with the last error until it is registered again. Before session 32 each of
@@ -184,6 +213,10 @@ class SchedulerResidency:
         pol = self.plugin.policy
         if n < BROKEN_AFTER or pol is None or r.model in pol.broken:
             return
+        live = self.scheduler.workers
+        if any(x.model == r.model and x.state == "resident"
+               for w, reps in self.replicas.items() if w in live for x in reps.values()):
+            return  # its loader works (a replica of it serves): the failures are those workers' own
         self.broken_since[r.model] = time.monotonic()
         reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused for "
                   f"{BROKEN_RETRY_S:g} s (then one load is tried again), or until it is registered again "

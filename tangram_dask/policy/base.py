@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Hashable, Iterable
 
 from ..cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from ..spec import ActionSpec
@@ -275,6 +275,18 @@ class Policy:
             if spec.model == model:
                 del self.unplaceable[aid]
                 self._reject(aid, reason)
+
+    def hold_gpu_memory(self, key: Hashable, node: str, gpus: Iterable[int], gb: float) -> bool:
+        """``gb`` on each of ``gpus`` of ``node`` is taken outside the ledger's replicas (a load given up on
+        whose loader runs on): no load goes into it until :meth:`release_gpu_memory` with ``key``."""
+        return self.gpu.hold_memory(key, node, tuple(int(g) for g in gpus), float(gb))
+
+    def release_gpu_memory(self, key: Hashable) -> bool:
+        """What :meth:`hold_gpu_memory` took under ``key`` is free again."""
+        if not self.gpu.release_memory(key):
+            return False
+        self._capacity_changed()  # a load may fit there now
+        return True
 
     def model_mended(self, model: str) -> None:
         """``model`` may be tried again (its actions are no longer rejected); safe if it was not broken."""

@@ -288,6 +288,8 @@ class GpuPool:
         self.idle_nodes: dict[str, None] = {}
         self.order: dict[str, int] = {}
         self.cordoned_nodes = 0
+        # memory on GPUs that no replica of the ledger holds (a worker's load given up on, whose loader runs on)
+        self.mem_holds: dict[object, tuple[str, tuple[int, ...], float]] = {}
         self.total = 0
         self.idle = 0
         self._next_id = 0
@@ -309,6 +311,8 @@ class GpuPool:
 
     def remove(self, name: str) -> list[ReplicaId]:
         st = self.nodes.pop(name)
+        for key in [k for k, h in self.mem_holds.items() if h[0] == name]:
+            del self.mem_holds[key]
         if st.cordon is not None:
             self.cordoned_nodes -= 1
         self.order.pop(name)
@@ -422,6 +426,29 @@ class GpuPool:
         self.idle += len(r.gpus)
         for other in touched:
             self._refresh(self.replicas[other])
+
+    # -- memory held outside the ledger's replicas -------------------------------------------
+    def hold_memory(self, key: object, node: str, gpus: tuple[int, ...], gb: float) -> bool:
+        """``gb`` on each of ``gpus`` of ``node`` is taken by something no replica here stands for: no load is
+        placed into it until :meth:`release_memory`. False if the node or a GPU is unknown, or ``key`` is held."""
+        st = self.nodes.get(node)
+        if st is None or key in self.mem_holds or not gpus or any(not 0 <= i < len(st.gpus) for i in gpus):
+            return False
+        for i in gpus:
+            st.gpus[i].mem_free -= gb  # (below 0 if it must: nothing more goes there until it is back)
+        self.mem_holds[key] = (node, tuple(gpus), gb)
+        return True
+
+    def release_memory(self, key: object) -> bool:
+        """What :meth:`hold_memory` took under ``key`` is free again. False if nothing is held under it."""
+        h = self.mem_holds.pop(key, None)
+        if h is None:
+            return False
+        st = self.nodes.get(h[0])
+        if st is not None:
+            for i in h[1]:
+                st.gpus[i].mem_free += h[2]
+        return True
 
     # -- cordon ----------------------------------------------------------------------
     def open_replicas(self, model: str) -> int:

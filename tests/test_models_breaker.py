@@ -1,0 +1,115 @@
+"""The scheduler side of failed and given-up loads (the broken-model breaker, the load deadline), through the real
+SchedulerResidency, the plugin's replica hooks, a real policy and real worker Residency ledgers
+(tests/residency_harness.py; no Dask). Found by a helper's review of session 32; each test failed before its fix."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from residency_harness import FailLoader, Harness, OkLoader, gpu_spec, run_action
+from tangram_dask.models.scheduler import BROKEN_AFTER
+
+
+def test_registering_a_broken_model_again_with_the_same_figures_mends_it():
+    """Registering a broken model again mends it at once, also with the same memory_gb and load_s (before, set_model
+    ran only when the figures changed, and it stayed refused)."""
+    h = Harness()
+    h.register("rm", FailLoader(), memory_gb=10.0, load_s=1.0)
+    h.add_gpu_worker("w1", loaders={"rm": FailLoader()})
+    outs = [run_action(h, f"a{i}", gpu_spec("rm"), h.plugin.now()) for i in range(BROKEN_AFTER + 1)]
+    print([o[0] for o in outs])
+    assert "rm" in h.plugin.policy.broken
+    h.workers["w1"].models  # the worker would now get the new loader
+    h.register("rm", OkLoader(10), memory_gb=10.0, load_s=1.0)  # fixed, same figures
+    print("broken after registering again:", "rm" in h.plugin.policy.broken,
+          "failed_in_a_row:", dict(h.res.failed_in_a_row))
+    assert "rm" not in h.plugin.policy.broken
+
+
+def test_loader_errors_at_worker_shutdown_do_not_count_toward_the_breaker():
+    """A load that fails because its worker is shutting down (residency._at_shutdown: expected, not a broken
+    loader) is reported as such and does not count: closing 3 workers mid-load does not break a good model."""
+    h = Harness()
+    h.register("rm", OkLoader(10), memory_gb=10.0)
+    gate = threading.Event()
+
+    class ShutdownLoader:
+        def __call__(self, devices):
+            gate.wait(10)
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    for i in range(BROKEN_AFTER):
+        w = h.add_gpu_worker(f"w{i}", loaders={"rm": ShutdownLoader()})
+        w.load_ahead(100 + i, "rm", (0,))
+    time.sleep(0.2)
+    for w in h.workers.values():
+        w.close()  # the worker closes while its load runs
+    gate.set()
+    time.sleep(0.5)
+    h.drain()
+    print("failed_in_a_row", dict(h.res.failed_in_a_row), "broken", list(h.plugin.policy.broken))
+    assert "rm" not in h.plugin.policy.broken
+
+
+def test_loads_failing_on_one_bad_worker_do_not_refuse_a_model_whose_replica_serves_elsewhere():
+    """w2 has a resident replica of rm; w1 (a bad GPU) fails three loads in a row: the model is not refused, since
+    its loader works elsewhere."""
+    h = Harness()
+    h.register("rm", OkLoader(10), memory_gb=60.0, load_s=1.0)
+    h.add_gpu_worker("w2", loaders={"rm": OkLoader(int(60e9))})
+    pol = h.plugin.policy
+    assert run_action(h, "warm", gpu_spec("rm"), h.plugin.now())[0] == "ok"  # a replica resident on w2
+    h.add_gpu_worker("w1", loaders={"rm": FailLoader("CUDA error: uncorrectable ECC error encountered")})
+    # actions that need a second replica (w2's is busy with a long one): the policy loads on w1, which fails
+    from tangram_dask.policy.types import Start
+    now = h.plugin.now()
+    pol.submit("long", gpu_spec("rm", hint_s=1000.0), now)
+    started = [d for d in h.schedule(now) if isinstance(d, Start)]
+    assert started and started[0].node == "w2"
+    h.workers["w2"].prepare("long", int(started[0].replica), "rm", started[0].gpus)
+    outs = []
+    for i in range(BROKEN_AFTER):
+        outs.append(run_action(h, f"b{i}", gpu_spec("rm"), h.plugin.now()))
+    print(outs)
+    h.workers["w2"].unpin("long")
+    pol.finish("long", h.plugin.now(), None)
+    out = run_action(h, "after", gpu_spec("rm"), h.plugin.now())
+    print("with w2's replica idle and resident:", out)
+    assert out[0] != "rejected"
+
+
+def test_a_load_given_up_on_holds_its_memory_in_the_policy_and_the_model_is_served_elsewhere():
+    """w1's loader stalls past its deadline: the worker reports the load stalled, the policy's ledger holds its
+    memory on w1's GPU and drops the replica, so the action waits rather than being granted a replica there that
+    no load can fill (before: every later action of the model was granted it and erred, for as long as the
+    loader ran); w2 joins with room and serves it; when the stalled loader returns, the memory is free again."""
+    h = Harness()
+    h.register("rm", OkLoader(10), memory_gb=50.0, load_s=0.01)
+    stuck = threading.Event()
+
+    class Stalls:
+        def __call__(self, devices):
+            stuck.wait(60)
+            return OkLoader(int(50e9))(devices)
+
+    pol = h.plugin.policy
+    h.add_gpu_worker("w1", loaders={"rm": Stalls()}, timeout_s=0.3, room_wait_s=0.1)
+    try:
+        assert run_action(h, "a0", gpu_spec("rm"), h.plugin.now()) == ("waiting", None)
+        assert list(pol.gpu.mem_holds.values()) == [("w1", (0,), 50.0)] and not pol.gpu.replicas
+        assert pol.gpu.nodes["w1"].gpus[0].mem_free == pytest.approx(30.0)
+        pol.cancel("a0", h.plugin.now())
+        h.add_gpu_worker("w2", loaders={"rm": OkLoader(int(50e9))}, timeout_s=0.3)
+        outs = [run_action(h, f"a{i}", gpu_spec("rm"), h.plugin.now()) for i in range(1, 4)]
+        assert [o[0] for o in outs] == ["ok"] * 3
+        assert {d.node for d in h.decisions if hasattr(d, "node")} >= {"w2"}
+    finally:
+        stuck.set()
+    deadline = time.monotonic() + 10
+    while pol.gpu.mem_holds:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        h.drain()
+    assert pol.gpu.nodes["w1"].gpus[0].mem_free == pytest.approx(80.0) and h.res.counts["unstalled"] == 1
