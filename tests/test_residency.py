@@ -443,3 +443,21 @@ def test_a_loader_that_returns_in_time_is_not_disturbed_by_its_deadline(files):
     assert res.get("k", timeout=10).score([("x", "x")])
     assert res.used == [files["mid"][1]] and not res._hung
     res.close()
+
+
+def test_closing_wakes_a_load_waiting_on_its_deadline(files):
+    """A worker closing while a loader stalls: the load thread gives up within half a second, not at the deadline
+    (30 s here, 1800 by default), so the process can exit (found by a helper's review of session 32: 6.25 s with a
+    6 s deadline)."""
+    go = threading.Event()
+    res = ledger(files, [1_000_000], timeout_s=30.0, loaders={"big": _Stalls(files["big"][0], go)})
+    try:
+        res.prepare("k", 0, "big", (0,))
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        res.close()
+        with pytest.raises(ModelError, match="did not return"):
+            res.get("k", timeout=10)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        go.set()

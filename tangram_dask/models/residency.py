@@ -489,7 +489,11 @@ class Residency:
                 self._hung_returned(r, given_up, box)
 
         threading.Thread(target=run, daemon=True, name=f"tangram-loader-{r.model}-{r.rid}").start()
-        if not done.wait(timeout):
+        until = time.monotonic() + timeout
+        while not done.wait(min(max(until - time.monotonic(), 0.0), 0.5)) and time.monotonic() < until:
+            if self._closed:  # the worker closes: its load thread must not hold its exit up for the deadline
+                break
+        if not done.is_set():
             with self._cond:
                 hung = not box.get("done")
                 if hung:  # its estimate stays taken until it returns: the replica no longer counts it
