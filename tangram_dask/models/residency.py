@@ -41,6 +41,7 @@ logger = logging.getLogger("tangram_dask.models")
 
 LOADING, RESIDENT, FAILED, EVICTED = "loading", "resident", "failed", "evicted"
 SHUTDOWN_PREFIX = "the worker is shutting down: "  # a failed load's report that is not its loader's fault
+LOADER_FAILED = "the loader of model "  # how the errors of a loader that raised or never returned begin
 
 
 class Scorer(Protocol):
@@ -395,7 +396,7 @@ class Residency:
                 t0 = time.perf_counter()
                 scorer = self._call_loader(entry, r)
                 if not callable(getattr(scorer, "score", None)):
-                    raise ModelError(f"the loader of model {r.model!r} returned {type(scorer).__name__}, which has "
+                    raise ModelError(f"{LOADER_FAILED}{r.model!r} returned {type(scorer).__name__}, which has "
                                      f"no score(batch) method")
                 load_s = time.perf_counter() - t0
                 measured = self.probe.after(r.devices, token)
@@ -503,7 +504,7 @@ class Residency:
                     r.bytes_per_gpu = 0
             if hung:
                 raise LoadGivenUp(box["given_up"], self._hung[box["given_up"]][1],
-                                  f"the loader of model {r.model!r} did not return within {timeout:g} s on GPUs "
+                                  f"{LOADER_FAILED}{r.model!r} did not return within {timeout:g} s on GPUs "
                                  f"{list(r.gpus)} (devices {list(r.devices)}): the load is given up (raise "
                                  f"tangram.worker.load-timeout-s if it is only slow); its thread runs on, and "
                                  f"what it may hold stays counted on those GPUs until it returns")
@@ -516,7 +517,7 @@ class Residency:
 
     @staticmethod
     def _loader_error(r: Replica, e: Exception) -> ModelError:
-        return ModelError(f"the loader of model {r.model!r} failed on GPUs {list(r.gpus)} "
+        return ModelError(f"{LOADER_FAILED}{r.model!r} failed on GPUs {list(r.gpus)} "
                           f"(devices {list(r.devices)}): {type(e).__name__}: {e}")
 
     def _hung_returned(self, r: Replica, key: int, box: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from ..errors import ModelError
 from ..messages import (MODELS_HANDLER, REGISTER_MODEL_HANDLER, RESIDENCY_HANDLER, WORKER_EVICT_HANDLER,
                         WORKER_MODEL_HANDLER, ModelRegistration, ResidencyReport)
 from .registry import check_model_fields
+from .residency import LOADER_FAILED
 
 logger = logging.getLogger("tangram_dask.models")
 
@@ -157,7 +158,7 @@ class SchedulerResidency:
         if r.state == "failed":
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
-            if r.error.startswith("the loader of model"):  # its loader raised or never returned (not: no room)
+            if r.error.startswith(LOADER_FAILED):  # its loader raised or never returned (not: no room, not: shut down)
                 self._loader_failed(r)
         elif r.state == "resident":
             self.failed_in_a_row.pop(r.model, None)
@@ -200,13 +201,13 @@ class SchedulerResidency:
                 pol.release_gpu_memory((worker, r.hold))
         except Exception:  # a policy bug must not take the scheduler's stream down
             logger.exception("tangram: the policy could not take worker %s's stalled load %d", worker, r.hold)
-        kick = getattr(self.plugin, "_kick", None)
-        if kick is not None:
-            kick()
+        self._kick()
 
     def _loader_failed(self, r: ResidencyReport) -> None:
         """After ``BROKEN_AFTER`` failures of its loader in a row, on any workers, a model is broken: the
-        policy rejects its actions with the last error until it is registered again. Before session 32 each of
+        policy rejects its actions with the last error for ``BROKEN_RETRY_S`` (then :meth:`tick` lets it be tried
+        again), or until it is registered again; not while a replica of it is resident on a live worker, whose
+        loader works. Before session 32 each of
         its actions waited for a load of its own and erred with it, one at a time (each up to the load
         deadline, 30 min, for a loader that never returns)."""
         n = self.failed_in_a_row[r.model] = self.failed_in_a_row[r.model] + 1
@@ -226,6 +227,9 @@ class SchedulerResidency:
             pol.model_broken(r.model, reason)
         except Exception:  # a policy bug must not take the scheduler's stream down
             logger.exception("tangram: the policy could not mark model %s broken", r.model)
+        self._kick()
+
+    def _kick(self) -> None:
         kick = getattr(self.plugin, "_kick", None)
         if kick is not None:
             kick()
@@ -249,10 +253,8 @@ class SchedulerResidency:
                     pol.model_mended(model)
                     logger.warning("tangram: model %s is tried again (refused for %g s after its loads failed)",
                                    model, BROKEN_RETRY_S)
-        if self.plugin.policy is not None:  # one policy.schedule(now) a second: cheap next to a flush per event
-            kick = getattr(self.plugin, "_kick", None)
-            if kick is not None:
-                kick()
+        if pol is not None:  # one policy.schedule(now) a second: cheap next to a flush per event
+            self._kick()
 
     def reconcile(self) -> None:
         """Evict, on its worker, each resident replica the policy's ledger does not hold."""
