@@ -300,15 +300,21 @@ def test_a_stateful_action_waiting_at_a_home_that_left_starts_elsewhere_at_once(
     assert starts["t-2"].node == "B" and not pol.home_wait
 
 
-def test_a_reservations_deadline_is_served_at_the_first_pass_after_it():
-    """Three long actions hold 3 of A's 4 slots; an elephant reserves the free one and waits for more, up to
-    its deadline. At the first pass past the deadline it starts on what it holds, with no CPU event in
-    between (before session 31 it waited for one, which a quiet cluster may never bring)."""
+def _elephant_reserving_on_a():
+    """Three long actions hold 3 of A's 4 slots; an elephant submitted (its first pass reserves the free one)."""
     pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
     for i in range(3):
         pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
     pol.schedule(now)
     pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    return pol, now
+
+
+def test_a_reservations_deadline_is_served_at_the_first_pass_after_it():
+    """Three long actions hold 3 of A's 4 slots; an elephant reserves the free one and waits for more, up to
+    its deadline. At the first pass past the deadline it starts on what it holds, with no CPU event in
+    between (before session 31 it waited for one, which a quiet cluster may never bring)."""
+    pol, now = _elephant_reserving_on_a()
     assert pol.schedule(now) == [] and pol.reserved["A"].aid == "elephant"
     deadline = pol.reserved["A"].deadline
     assert pol.schedule(deadline - 0.01) == []
@@ -319,11 +325,7 @@ def test_a_reservations_deadline_is_served_at_the_first_pass_after_it():
 def test_a_reservation_that_started_early_leaves_no_deadline_behind():
     """The elephant's reservation gets its slots before its deadline (the long actions end): it starts, and its
     deadline entry goes at the next pass; left behind, it would have had every later pass drain the CPU pool."""
-    pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
-    for i in range(3):
-        pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
-    pol.schedule(now)
-    pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    pol, now = _elephant_reserving_on_a()
     pol.schedule(now)
     deadline = pol.reserved["A"].deadline
     for i in range(3):
@@ -359,11 +361,7 @@ def test_a_cordoned_node_takes_nothing_new_until_uncordoned(name):
 def test_a_reservation_on_a_node_that_is_cordoned_starts_elsewhere():
     """An elephant holds A's free slot while it collects more; A's worker pauses: the reservation ends, its slot
     goes to the cordon's hold, and the elephant starts on B rather than on A at its deadline."""
-    pol, now = _warmed(4, 30, kind="t", units=(1, 4), speedup=0.9, step=0.1)
-    for i in range(3):
-        pol.submit(f"long{i}", make_spec("x", "cpu", 1, hint_s=100.0), now)
-    pol.schedule(now)
-    pol.submit("elephant", make_spec("t", "cpu", (1, 4), speedup=0.9, hint_s=500.0), now)
+    pol, now = _elephant_reserving_on_a()
     assert pol.schedule(now) == [] and pol.reserved["A"].aid == "elephant"
     pol.add_cpu_node(CpuNode("B", 4))  # joins after the reservation was made
     pol.cordon("A", now)
