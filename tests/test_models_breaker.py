@@ -113,3 +113,23 @@ def test_a_load_given_up_on_holds_its_memory_in_the_policy_and_the_model_is_serv
         time.sleep(0.05)
         h.drain()
     assert pol.gpu.nodes["w1"].gpus[0].mem_free == pytest.approx(80.0) and h.res.counts["unstalled"] == 1
+
+
+def test_a_probe_whose_load_works_mends_the_model():
+    """Half-open: once the model's loader works again (a file system back), the one action let through loads it,
+    and the resident report mends the model; the actions after it run (session 32)."""
+    h = Harness()
+    h.register("rm", FailLoader(), memory_gb=10.0, load_s=1.0)
+    loaders = {"rm": FailLoader()}
+    h.add_gpu_worker("w1", loaders=loaders)
+    for i in range(BROKEN_AFTER + 1):
+        run_action(h, f"a{i}", gpu_spec("rm"), h.plugin.now())
+    pol = h.plugin.policy
+    assert "rm" in pol.broken and "rm" in h.res.broken_since
+    assert run_action(h, "refused", gpu_spec("rm"), h.plugin.now())[0] == "rejected"
+    loaders["rm"] = OkLoader(10)  # what tick() does after BROKEN_RETRY_S, with the loader mended meanwhile:
+    pol.model_probe("rm")
+    assert run_action(h, "probe", gpu_spec("rm"), h.plugin.now())[0] == "ok"
+    h.drain()
+    assert "rm" not in pol.broken and "rm" not in h.res.broken_since
+    assert run_action(h, "after", gpu_spec("rm"), h.plugin.now())[0] == "ok"

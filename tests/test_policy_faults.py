@@ -515,6 +515,11 @@ def test_a_broken_model_rejects_its_waiting_and_later_actions_until_registered_a
     starts, rejects = run(0.3)
     assert starts == {} and set(rejects) == {"j0", "j1", "j2", "j3"}
     assert {d.reason for d in rejects.values()} == {"judge is broken: the last failure was X"}
+    pol.model_probe("judge")  # half-open: the next action is let through, the one after it is not
+    pol.submit("probe", spec, 0.4)
+    pol.submit("j5", spec, 0.4)
+    assert set(run(0.4)[1]) == {"j5"} and not pol.probing
+    pol.cancel("probe", 0.5)
     pol.finish("hold", 1.0, 1.0)
     pol.set_model(models["judge"])
     pol.submit("j4", spec, 1.0)

@@ -37,8 +37,9 @@ from .residency import LOADER_FAILED
 
 logger = logging.getLogger("tangram_dask.models")
 
-#: A model whose loader failed this many times in a row is refused (``Policy.model_broken``) for BROKEN_RETRY_S
-#: seconds, or until registered again; then one more load is tried, and one more failure refuses it again
+#: A model whose loader failed this many times in a row is refused (``Policy.model_broken``); every BROKEN_RETRY_S
+#: seconds one action of it is let through to try it again (``Policy.model_probe``), until a load of it works or
+#: it is registered again
 BROKEN_AFTER = 3
 BROKEN_RETRY_S = 60.0
 
@@ -162,6 +163,9 @@ class SchedulerResidency:
                 self._loader_failed(r)
         elif r.state == "resident":
             self.failed_in_a_row.pop(r.model, None)
+            if self.broken_since.pop(r.model, None) is not None and self.plugin.policy is not None:
+                self.plugin.policy.model_mended(r.model)  # a probe's load worked: the model serves again
+                logger.warning("tangram: model %s loaded again: its actions are taken again", r.model)
         did_not_fit = r.state == "failed" and r.bytes_per_gpu > 0  # a load measured, then refused for room
         if r.state == "resident" or did_not_fit:
             self._measured(r)  # a load that did not fit was measured too: the policy plans with its real size
@@ -212,16 +216,19 @@ class SchedulerResidency:
         deadline, 30 min, for a loader that never returns)."""
         n = self.failed_in_a_row[r.model] = self.failed_in_a_row[r.model] + 1
         pol = self.plugin.policy
-        if n < BROKEN_AFTER or pol is None or r.model in pol.broken:
+        if pol is not None and r.model in pol.broken:
+            self.broken_since[r.model] = time.monotonic()  # (a probe's load failed): the next probe is later
+            return
+        if n < BROKEN_AFTER or pol is None:
             return
         live = self.scheduler.workers
         if any(x.model == r.model and x.state == "resident"
                for w, reps in self.replicas.items() if w in live for x in reps.values()):
             return  # its loader works (a replica of it serves): the failures are those workers' own
         self.broken_since[r.model] = time.monotonic()
-        reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused for "
-                  f"{BROKEN_RETRY_S:g} s (then one load is tried again), or until it is registered again "
-                  f"(tangram_dask.register_model); the last failure: {r.error}")
+        reason = (f"model {r.model!r} failed to load {n} times in a row, so its actions are refused (every "
+                  f"{BROKEN_RETRY_S:g} s one of them tries it again) until a load of it works or it is registered "
+                  f"again (tangram_dask.register_model); the last failure: {r.error}")
         logger.error("tangram: %s", reason)
         try:
             pol.model_broken(r.model, reason)
@@ -244,15 +251,15 @@ class SchedulerResidency:
         """
         self.reconcile()
         pol = self.plugin.policy
-        if self.broken_since and pol is not None:  # half-open: after a while, a broken model's next load is tried
+        if self.broken_since and pol is not None:  # half-open: after a while, one action of a broken model is tried
             for model, t in list(self.broken_since.items()):
                 if model not in pol.broken:  # registered again (set_model cleared it)
                     del self.broken_since[model]
                 elif time.monotonic() - t >= BROKEN_RETRY_S:
-                    del self.broken_since[model]  # its count stays: one more failure refuses it again
-                    pol.model_mended(model)
-                    logger.warning("tangram: model %s is tried again (refused for %g s after its loads failed)",
-                                   model, BROKEN_RETRY_S)
+                    self.broken_since[model] = time.monotonic()  # (the next probe, if this one never comes back)
+                    pol.model_probe(model)
+                    logger.warning("tangram: model %s: its next action tries it again (refused for %g s after its "
+                                   "loads failed)", model, BROKEN_RETRY_S)
         if pol is not None:  # one policy.schedule(now) a second: cheap next to a flush per event
             self._kick()
 

@@ -86,6 +86,7 @@ class Policy:
         self.decisions = 0
         self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
         self.broken: dict[str, str] = {}  # models whose loads keep failing -> why their actions are rejected
+        self.probing: set[str] = set()  # broken models whose next action is let through, to try them again
         # per CPU node, its running actions' expected ends, kept only where nodes take dispatch-ahead units (live)
         self.cpu_ends: dict[str, dict[ActionId, float]] = {}
         self._failed_loads: set[ReplicaId] = set()  # replicas whose load failed under the action holding them
@@ -119,8 +120,11 @@ class Policy:
     # -- actions ----------------------------------------------------------------
     def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> Shortfall | None:
         if self.broken and spec.model in self.broken:
-            self._reject(aid, self.broken[spec.model])
-            return None
+            if spec.model in self.probing:  # the one action that tries the broken model again
+                self.probing.discard(spec.model)
+            else:
+                self._reject(aid, self.broken[spec.model])
+                return None
         sf = never_fits(spec, self._capacity, self.models)
         if sf is None:
             self._submit(aid, spec, now)
@@ -259,15 +263,17 @@ class Policy:
     def set_model(self, model: ModelSpec) -> None:
         """A model was registered, or its memory or load time measured: later decisions use it, and its
         replicas in the ledger take the measured memory. A model marked broken is no longer."""
-        self.broken.pop(model.name, None)
+        self.model_mended(model.name)
         self.models[model.name] = model
         self.gpu.resize(model.name, model.gpu_memory_gb)
         self._nodes_changed(models_changed=True)
 
     def model_broken(self, model: str, reason: str) -> None:
         """``model``'s loads keep failing (its loader raises, or never returns): its waiting actions, and those
-        submitted later, are rejected with ``reason`` until :meth:`model_mended` or :meth:`set_model`."""
+        submitted later, are rejected with ``reason`` until :meth:`model_mended` or :meth:`set_model` (one
+        action at a time is let through after :meth:`model_probe`)."""
         self.broken[model] = reason
+        self.probing.discard(model)
         for aid, spec in self._queued_specs():
             if spec.model == model and self._drop_pending(aid):
                 self._reject(aid, reason)
@@ -289,8 +295,15 @@ class Policy:
         return True
 
     def model_mended(self, model: str) -> None:
-        """``model`` may be tried again (its actions are no longer rejected); safe if it was not broken."""
+        """``model`` is no longer broken (its actions are no longer rejected); safe if it was not broken."""
         self.broken.pop(model, None)
+        self.probing.discard(model)
+
+    def model_probe(self, model: str) -> None:
+        """A broken ``model``'s next action is let through, to try it again (a circuit breaker's half-open
+        state); the others are still rejected. Its outcome decides: :meth:`model_mended`, or it stays broken."""
+        if model in self.broken:
+            self.probing.add(model)
 
     def load_failed(self, replica: ReplicaId, now: float) -> None:
         """The worker could not load ``replica`` and holds nothing for it: it leaves the ledger, at once
