@@ -210,8 +210,7 @@ class Policy:
         r = self.running.pop(aid, None)
         if r is None:
             return
-        if self.cpu_ends and r.node in self.cpu_ends:
-            self.cpu_ends[r.node].pop(aid, None)
+        self._end_of(aid, r)
         self._release(r, now)
         if self.trajectory_ttl_s is not None:  # (_touch's own test, read here: once per action)
             self._touch(r.spec.trajectory, now)
@@ -221,8 +220,7 @@ class Policy:
         """Forget a pending action, or free what a running one holds. Safe twice."""
         r = self.running.pop(aid, None)
         if r is not None:
-            if self.cpu_ends and r.node in self.cpu_ends:
-                self.cpu_ends[r.node].pop(aid, None)
+            self._end_of(aid, r)
             self._release(r, now)
             return True
         if self.unplaceable.pop(aid, None) is not None:
@@ -372,7 +370,9 @@ class Policy:
 
     def cordoned(self) -> list[str]:
         """The cordoned nodes, in no set order."""
-        return [*self.cpu.held, *(n for n, st in self.gpu.nodes.items() if st.cordon is not None)]
+        gpu = self.gpu
+        return [*self.cpu.held, *(n for n, st in gpu.nodes.items() if st.cordon is not None)] if gpu.cordoned_nodes \
+            else list(self.cpu.held)
 
     # -- for subclasses -----------------------------------------------------------
     def _cordoned(self, name: str, now: float) -> None:
@@ -398,6 +398,13 @@ class Policy:
 
     def _capacity_changed(self) -> None:
         pass
+
+    def _end_of(self, aid: ActionId, r: Running) -> None:
+        """``aid`` (running ``r``) ends: out of its node's expected ends (``cpu_ends``)."""
+        if self.cpu_ends:
+            ends = self.cpu_ends.get(r.node)
+            if ends:
+                ends.pop(aid, None)
 
     def _release(self, r: Running, now: float) -> None:
         res = r.spec.resource

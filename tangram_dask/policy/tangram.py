@@ -151,8 +151,8 @@ class TangramOptions:
                                 # model only if the rest keep that, its last while a call is expected within one
                                 # reload (0: it keeps ceil(demand), a replica per busy one)
     ahead_wait: float = 1.0     # >0: an action is sent ahead of a free slot (the plugin's dispatch-ahead) only to a
-                                # node where a running action is expected to end within this many seconds, the
-                                # soonest of up to 8 such nodes; else it waits here for a slot (0: the most free node)
+                                # node where a running action is expected to end within this many seconds, the most
+                                # free of up to 8 such nodes; else it waits here for a slot (0: the most free node)
     pair_floor: float = 1.0     # 1: an elastic CPU action (parallel_fraction > 0) starts on at least units.min + 1
                                 # units where its node has them free, whatever the spare cap; where it has only
                                 # units.min free, it reserves one more when that saves reserve_gain x the wait for it
@@ -537,12 +537,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.pools["cpu"].rmin -= rv.p.spec.units_min
             self._requeue(rv.aid, rv.p)
             self.dirty["cpu"] = None
-        waiting = self.home_wait.pop(name, None)
-        if waiting:  # nothing frees at a cordoned home: its waiters restore elsewhere now
-            pool = self.pools["cpu"]
-            for aid, p in waiting.items():
-                pool.unqueued(p)
-                self._requeue(aid, p)
+        self._home_waiters_back(name)  # nothing frees at a cordoned home: its waiters restore elsewhere now
 
     def _uncordoned(self, name: str) -> None:
         self._slots_freed(name)
@@ -597,12 +592,17 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.dirty[name] = None
         self.freed_res.update(dict.fromkeys(self.reserved))  # a node may have left: look at each
         if self.home_wait:  # actions waiting at a home that left go back to the queue, to start elsewhere now
-            gone = [node for node in self.home_wait if node not in self.cpu.free]
-            pool = self.pools.get("cpu")
-            for node in gone:
-                for aid, p in self.home_wait.pop(node).items():
-                    pool.unqueued(p)
-                    self._requeue(aid, p)
+            for node in [node for node in self.home_wait if node not in self.cpu.free]:
+                self._home_waiters_back(node)
+
+    def _home_waiters_back(self, node: str) -> None:
+        """The actions waiting at their home ``node`` go back to the queue, to start elsewhere."""
+        waiting = self.home_wait.pop(node, None)
+        if waiting:
+            pool = self.pools["cpu"]
+            for aid, p in waiting.items():
+                pool.unqueued(p)
+                self._requeue(aid, p)
 
     # -- decisions --------------------------------------------------------------
     def _schedule(self, now: float, out: list[Decision]) -> None:
