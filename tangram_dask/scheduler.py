@@ -436,16 +436,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             # but never reached the worker: park it again and queue it anew.
             a = self.actions.get(key)
             ts = scheduler.tasks.get(key)
-            if a is None or ts is None:
+            if a is None or ts is None or a.state != GRANTED:
                 continue
-            ts.worker_restrictions = PARKED
-            ts.resource_restrictions = None
-            self._ungranted(key)
-            if ts.state == "no-worker" and a.spec is not None:
-                self.policy.submit(key, a.spec, now)
-                a = self._own(key, a)
-                a.state, a.grant = PENDING, None
-                self.stats.submitted += 1
+            self._park_again(key, a, ts, now, queue=ts.state == "no-worker")
         if not self._granted_on.get(worker):
             self._granted_on.pop(worker, None)
         self._status_seq.pop(worker, None)
@@ -507,16 +500,26 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                     sent.append(key)
                 continue
             self.policy.cancel(key, now)
-            self._done(key, ts, keep=True)  # its timer, and the user's own annotations back
-            if self.grants is not None:
-                self.grants.pop(key, None)
-            ts.worker_restrictions = PARKED
-            ts.resource_restrictions = None
-            a.state, a.grant = PENDING, None
-            self.policy.submit(key, a.spec, now)
+            self._park_again(key, a, ts, now)
             self.stats.revoked += 1
         if sent:
             self.scheduler.loop.add_callback(self._move_unstarted, addr, sent, self._status_seq.get(addr, 0))
+
+    def _park_again(self, key: Hashable, a: Action, ts: Any, now: float, queue: bool = True) -> None:
+        """A grant Dask never sent (its worker paused or left first) ends: its timer, its place in the grant
+        index and the grant in the task's annotations go, the task is parked again, and (``queue``: it is in
+        ``no-worker``) the policy queues it anew, in its first place. Otherwise it is queued when it reaches
+        ``no-worker`` (:meth:`_arrive`). Before session 33 a worker that left kept its grants' timers and
+        annotations, and a re-queued action was counted as issued twice."""
+        self._done(key, ts, keep=True)
+        if self.grants is not None:
+            self.grants.pop(key, None)
+        ts.worker_restrictions = PARKED
+        ts.resource_restrictions = None
+        a = self._own(key, a)
+        a.state, a.grant = PENDING, None
+        if queue:
+            self.policy.submit(key, a.spec, now, issued_at=a.t0)
 
     async def _move_unstarted(self, addr: str, keys: list[Hashable], seq: int, tries: int = 0) -> None:
         """The actions sent to the paused worker ``addr`` that it has not begun (dispatched ahead of a free
@@ -707,7 +710,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             a.t0 = t0  # a Malformed record is its task's own
             self._fail_later(key, a.error)
             return
-        self.policy.submit(key, a.spec, now)
+        # back unrun (released from a worker that left, or from processing): it keeps its place, counted once
+        self.policy.submit(key, a.spec, now, issued_at=a.t0)
         q = self._queued_last
         if q is None or q.spec is not a.spec or q.t0 is not t0:
             q = self._queued_last = Action(a.spec, PENDING, t0)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from residency_harness import FailLoader, Harness, OkLoader, gpu_spec, run_action
+from tangram_dask.policy.types import Load
 from tangram_dask.models.scheduler import BROKEN_AFTER
 
 
@@ -133,3 +134,20 @@ def test_a_probe_whose_load_works_mends_the_model():
     h.drain()
     assert "rm" not in pol.broken and "rm" not in h.res.broken_since
     assert run_action(h, "after", gpu_spec("rm"), h.plugin.now())[0] == "ok"
+
+
+def test_one_action_whose_background_load_and_own_retry_fail_counts_once():
+    """The policy loads a replica ahead (a Load); its loader fails; the action granted that replica tries the load
+    again and fails too: one action, one failure toward the breaker (before session 33: two, so two actions broke
+    a model). BROKEN_AFTER actions still break it."""
+    h = Harness()
+    h.register("rm", FailLoader(), memory_gb=10.0, load_s=1.0)
+    h.add_gpu_worker("w1", loaders={"rm": FailLoader()})
+    out = run_action(h, "a0", gpu_spec("rm"), h.plugin.now())
+    loads = [d for d in h.decisions if isinstance(d, Load)]
+    print(out, "loads ahead:", len(loads), "failures:", h.res.counts["failures"], dict(h.res.failed_in_a_row))
+    assert out[0] == "erred" and loads and h.res.counts["failures"] == 2  # the background load, then the retry
+    assert h.res.failed_in_a_row["rm"] == 1
+    outs = [run_action(h, f"a{i}", gpu_spec("rm"), h.plugin.now())[0] for i in range(1, BROKEN_AFTER + 1)]
+    print(outs)
+    assert outs[:BROKEN_AFTER - 1] == ["erred"] * (BROKEN_AFTER - 1) and outs[-1] == "rejected"

@@ -69,6 +69,9 @@ class SchedulerResidency:
     counts: Counter = field(default_factory=Counter)  # load_starts, loads, evictions, failures, stale (events)
     failed_in_a_row: Counter = field(default_factory=Counter)  # model -> its loader's failures since it last loaded
     broken_since: dict = field(default_factory=dict)  # model -> monotonic time it was marked broken
+    # (worker, replica) -> model: a background load (a Load decision) whose loader failed; the action granted
+    # that replica tries the load again, and that second failure is the same action's: it does not count again
+    _retrying: dict = field(default_factory=dict)
     _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
 
     def install(self, reconcile_s: float = 1.0) -> None:
@@ -93,7 +96,7 @@ class SchedulerResidency:
                     else str(e)}
         old = self.registrations.get(reg.name)
         self.registrations[reg.name] = reg
-        self.failed_in_a_row.pop(reg.name, None)  # registered again: its loads are tried again
+        self._forget_failures(reg.name)  # registered again: its loads are tried again
         self.broken_since.pop(reg.name, None)
         if self.plugin.policy is not None:  # (set_model below runs only if its figures changed)
             self.plugin.policy.model_mended(reg.name)
@@ -160,9 +163,11 @@ class SchedulerResidency:
             logger.warning("tangram: worker %s could not load replica %d of %s: %s", worker, r.replica, r.model,
                            r.error)
             if r.error.startswith(LOADER_FAILED):  # its loader raised or never returned (not: no room, not: shut down)
-                self._loader_failed(r)
-        elif r.state == "resident":
-            self.failed_in_a_row.pop(r.model, None)
+                self._loader_failed(worker, r)
+        elif r.state in ("resident", "evicted") and self._retrying:
+            self._retrying.pop((worker, r.replica), None)
+        if r.state == "resident":
+            self._forget_failures(r.model)
             if self.broken_since.pop(r.model, None) is not None and self.plugin.policy is not None:
                 self.plugin.policy.model_mended(r.model)  # a probe's load worked: the model serves again
                 logger.warning("tangram: model %s loaded again: its actions are taken again", r.model)
@@ -207,15 +212,30 @@ class SchedulerResidency:
             logger.exception("tangram: the policy could not take worker %s's stalled load %d", worker, r.hold)
         self._kick()
 
-    def _loader_failed(self, r: ResidencyReport) -> None:
+    def _forget_failures(self, model: str) -> None:
+        self.failed_in_a_row.pop(model, None)
+        if self._retrying:
+            for k in [k for k, m in self._retrying.items() if m == model]:
+                del self._retrying[k]
+
+    def _loader_failed(self, worker: str, r: ResidencyReport) -> None:
         """After ``BROKEN_AFTER`` failures of its loader in a row, on any workers, a model is broken: the
         policy rejects its actions with the last error for ``BROKEN_RETRY_S`` (then :meth:`tick` lets it be tried
         again), or until it is registered again; not while a replica of it is resident on a live worker, whose
         loader works. Before session 32 each of
         its actions waited for a load of its own and erred with it, one at a time (each up to the load
-        deadline, 30 min, for a loader that never returns)."""
-        n = self.failed_in_a_row[r.model] = self.failed_in_a_row[r.model] + 1
+        deadline, 30 min, for a loader that never returns).
+
+        A load the policy made ahead of its actions (a ``Load``) that fails counts once with the retry of the
+        action granted its replica (before session 33 twice: two actions could break a model)."""
         pol = self.plugin.policy
+        at = (worker, r.replica)
+        if self._retrying.pop(at, None) is not None:
+            return  # the retry of a background load that failed: counted with it
+        rep = pol.gpu.replicas.get(r.replica) if pol is not None else None
+        if rep is not None and rep.loading and rep.node == worker:  # a background load: its action retries it
+            self._retrying[at] = r.model
+        n = self.failed_in_a_row[r.model] = self.failed_in_a_row[r.model] + 1
         if pol is not None and r.model in pol.broken:
             self.broken_since[r.model] = time.monotonic()  # (a probe's load failed): the next probe is later
             return

@@ -118,7 +118,11 @@ class Policy:
             self.expired.append(t)
 
     # -- actions ----------------------------------------------------------------
-    def submit(self, aid: ActionId, spec: ActionSpec, now: float) -> Shortfall | None:
+    def submit(self, aid: ActionId, spec: ActionSpec, now: float, *, issued_at: float | None = None
+               ) -> Shortfall | None:
+        """Queue action ``aid``. ``issued_at``: it was first submitted then, and comes back unrun (its worker
+        left or paused before it began): it keeps its place in the order (as issued then), and the figures that
+        learn from issued actions (hints, demand, its trajectory's expected work) do not count it again."""
         if self.broken and spec.model in self.broken:
             if spec.model in self.probing:  # the one action that tries the broken model again
                 self.probing.discard(spec.model)
@@ -127,7 +131,7 @@ class Policy:
                 return None
         sf = never_fits(spec, self._capacity, self.models)
         if sf is None:
-            self._submit(aid, spec, now)
+            self._submit(aid, spec, now, issued_at)
             return None
         if self._may_wait(spec):
             self.unplaceable[aid] = (spec, sf, now)
@@ -341,7 +345,9 @@ class Policy:
         """The node left: returns the actions that were running there (lost; resubmit them)."""
         lost = [aid for aid, r in self.running.items() if r.node == name]
         for aid in lost:
-            del self.running[aid]
+            r = self.running.pop(aid)
+            self._end_of(aid, r)
+            self._lost(r)
         self.cpu_ends.pop(name, None)
         if name in self.cpu.capacity:
             self.cpu.remove(name)
@@ -375,12 +381,15 @@ class Policy:
             else list(self.cpu.held)
 
     # -- for subclasses -----------------------------------------------------------
+    def _lost(self, r: Running) -> None:
+        """A running action was lost with its node (:meth:`remove_node`): what the subclass counts for it."""
+
     def _cordoned(self, name: str, now: float) -> None:
         """Node ``name`` was cordoned: what the subclass keeps for it (a reservation) goes elsewhere."""
 
     def _uncordoned(self, name: str) -> None:
         """Node ``name`` takes work again: what waits for it (actions at their home) may start."""
-    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float, issued_at: float | None = None) -> None:
         raise NotImplementedError
 
     def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:

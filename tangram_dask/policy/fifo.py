@@ -20,7 +20,7 @@ class FifoPolicy(Policy):
         super().__init__(*a, **kw)
         self.waiting: dict[str, dict[ActionId, ActionSpec]] = {"cpu": {}, "api": {}, "gpu": {}}
 
-    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float, issued_at: float | None = None) -> None:
         self.waiting[spec.resource][aid] = spec
 
     def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:

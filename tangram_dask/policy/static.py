@@ -51,7 +51,7 @@ class StaticPolicy(Policy):
                 self.api.give(b.tokens)
         self.admission.pop(trajectory, None)
 
-    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float, issued_at: float | None = None) -> None:
         if spec.resource == "gpu":
             self.gpu_wait[aid] = spec
             return

@@ -388,7 +388,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         return 1e-3 if 1e-3 > t else t  # max(t, 1e-3), without the call
 
     # -- events: order ----------------------------------------------------------
-    def _submit(self, aid: ActionId, spec: ActionSpec, now: float) -> None:
+    def _submit(self, aid: ActionId, spec: ActionSpec, now: float, issued_at: float | None = None) -> None:
         if self._t0 is None:
             self._t0 = now
         traj = spec.trajectory
@@ -398,6 +398,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self._touch(traj, now)
         if self.fresh:
             self.fresh.discard(traj)
+        if issued_at is not None:  # back unrun: counted when first issued; it keeps its place in the order
+            est = self.est.expected(spec)
+            self._enqueue(aid, spec, est, self.opt.aging * min(issued_at, now) + est)
+            return
         est = self.est.issue(spec)  # its hint recorded, then its expected work
         if traj is not None and self.opt.admission:
             self._limit_dirty = True
@@ -510,6 +514,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         if r is not None:
             self._released(r)
         return done
+
+    def _lost(self, r: Running) -> None:
+        self._released(r)  # (before session 33 its units.min stayed counted as running in its pool, for good)
 
     def _reject(self, aid: ActionId, reason: str, shortfall: Shortfall | None = None) -> None:
         self._issued_work.pop(aid, None)
