@@ -13,6 +13,7 @@ hint ``h`` is ``exp(post_mu + post_var / 2)`` with
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,65 @@ def test_hint_in_tail(issued, hint, kind, want):
     for x in [0, 0, 1, 1, 2, 2, 3, 3][:issued]:
         est.issued(make_spec("t", hint_s=E ** x))
     assert est.hint_in_tail(make_spec(kind, hint_s=hint), 2.0) is want
+
+
+# -- an absurd hint is bounded (bad input; session 33) --------------------------------------------------------
+def _hinted(est, hints, kind="t"):
+    for h in hints:
+        est.issue(make_spec(kind, "cpu", 1, hint_s=h))
+
+
+@pytest.mark.parametrize("bound, hint, want", [
+    # 8 hints of e^2 and e^4 alternately: log mean 3, sample sd sqrt(8 / 7) = 1.069 (over the 1.0 floor); nothing
+    # finished, so the estimate is the (bounded) hint itself
+    pytest.param(6.0, 1e9, math.exp(3 + 6 * math.sqrt(8 / 7)), id="absurd-high-clipped-at-6-sd"),
+    pytest.param(6.0, 1e-9, math.exp(3 - 6 * math.sqrt(8 / 7)), id="absurd-low-clipped-at-6-sd"),
+    pytest.param(6.0, E ** 8, E ** 8, id="5-sd-kept"),
+    pytest.param(0.0, 1e9, 1e9, id="bound-off"),
+])
+def test_an_absurd_hint_counts_at_most_bound_sd_from_its_kinds(bound, hint, want):
+    est = Estimator(hint_bound=bound)
+    _hinted(est, [E ** 2, E ** 4] * 4)
+    got = est.issue(make_spec("t", "cpu", 1, hint_s=hint))
+    assert got == pytest.approx(want, rel=1e-9)
+    # and what the kind's spread learned is the bounded hint, not the absurd one
+    hs = est.kinds["t"].hints
+    assert hs.n == 9 and (bound == 0 or max(abs(hs.mean), hs.m2) < 100)
+
+
+def test_the_bound_uses_every_kinds_hints_until_a_kind_has_eight_and_a_spread_floor():
+    est = Estimator(hint_bound=6.0)
+    _hinted(est, [10.0] * 8, kind="a")  # all alike: spread 0, floored at 1 (log)
+    # kind "b" has no hints yet: bounded by every kind's (log mean log 10, floor sd 1): 10 x e^6 at most
+    assert est.issue(make_spec("b", "cpu", 1, hint_s=1e9)) == pytest.approx(10.0 * E ** 6)
+    assert est.issue(make_spec("a", "cpu", 1, hint_s=1e6)) == pytest.approx(10.0 * E ** 6)  # its own kind's
+    est = Estimator(hint_bound=6.0)
+    _hinted(est, [10.0] * 8, kind="a")
+    assert est.issue(make_spec("a", "cpu", 1, hint_s=300.0)) == pytest.approx(300.0)  # a 30x hint is kept
+
+
+def test_one_absurd_hint_does_not_slow_the_step_of_the_others():
+    """Simulated: the standard workload's 128 trajectories on the tight cluster, one test run's hint set to 1e9 s
+    (its true duration unchanged). Unbounded, it held the gate's figures for the rest of the run and the step was
+    1.15x the same run's without it; bounded (the default), within 2%."""
+    import dataclasses
+
+    from tangram_dask.bench import simulate
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.policy import TangramOptions
+    from tangram_dask.workload import generate, load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
+    cl = load_cluster(root / "cluster-tight.yaml")
+    kinds = [k.kind for k in wl.kinds]
+    ratios = {}
+    for bound in (0.0, TangramOptions().hint_bound):
+        opts = TangramOptions(hint_bound=bound)
+        base = simulate(generate(wl), cl, "tangram", options=opts)
+        gen = generate(wl)
+        gen.hint[[i for i in range(gen.n_actions) if kinds[gen.kind[i]] == "run_tests"][10]] = 1e9
+        ratios[bound] = simulate(gen, cl, "tangram", options=opts)["step_s"] / base["step_s"]
+    print("step with the absurd hint / without, by hint_bound:", ratios)
+    assert ratios[0.0] > 1.05  # the harm the bound prevents is there
+    assert abs(ratios[TangramOptions().hint_bound] - 1.0) < 0.02

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..spec import ActionSpec
 
 MIN_SAMPLES = 8
+HINT_SD_FLOOR = 1.0  # (log) the spread the hint bound assumes at least: hints all alike still let a 55x one through
 
 
 @dataclass(slots=True)
@@ -72,10 +73,29 @@ class KindStats:
 class Estimator:
     """Expected work (seconds on units_min) of an action, from its hint and history."""
 
-    def __init__(self, default_s: float = 1.0, from_hints: bool = True):
+    def __init__(self, default_s: float = 1.0, from_hints: bool = True, hint_bound: float = 0.0):
         self.default_s = default_s
         self.from_hints = from_hints
+        self.hint_bound = hint_bound
         self.kinds: dict[str, KindStats] = {}
+        self.all_hints = Welford()  # log of every hint, all kinds together (the bound, until a kind has 8)
+
+    def _bounded(self, ks: KindStats | None, log_h: float) -> float:
+        """``hint_bound``: the hint's log within ``hint_bound`` sd (at least ``HINT_SD_FLOOR``) of its kind's
+        hints, or of every kind's until its own has ``MIN_SAMPLES``. One absurd hint (a unit slip: 1e6 s
+        for a 12 s test run) is bad input: unbounded, it set its kind's spread and every figure the gate
+        learns (the mean action, the demand per trajectory) for the rest of the run, and on the tight file
+        one such hint made the step 20% longer. Lognormal hints never reach 4 sd by chance in a run."""
+        w = ks.hints if ks is not None and ks.hints is not None and ks.hints.n >= MIN_SAMPLES else self.all_hints
+        if w.n < MIN_SAMPLES:
+            return log_h
+        sd = math.sqrt(w.m2 / (w.n - 1))
+        d = self.hint_bound * (sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR)
+        if log_h > w.mean + d:
+            return w.mean + d
+        if log_h < w.mean - d:
+            return w.mean - d
+        return log_h
 
     def issued(self, spec: ActionSpec) -> None:
         """An action was issued: its hint (all of them, long ones included, unlike what finished)."""
@@ -87,6 +107,8 @@ class Estimator:
         ks, log_h = self._record_hint(spec)
         h = spec.hint_s
         if ks is None or ks.work.n < MIN_SAMPLES:
+            if log_h is not None and self.hint_bound:
+                return math.exp(log_h)
             return h if h else self.default_s
         return self._posterior(ks, h, log_h)
 
@@ -101,6 +123,9 @@ class Estimator:
         if ks.hints is None:
             ks.hints = Welford()
         log_h = math.log(h)
+        if self.hint_bound:
+            log_h = self._bounded(ks, log_h)
+            self.all_hints.add(log_h)
         ks.hints.add(log_h)
         return ks, log_h
 
@@ -116,9 +141,12 @@ class Estimator:
     def expected(self, spec: ActionSpec) -> float:
         ks = self.kinds.get(spec.kind)
         h = spec.hint_s
+        log_h = self._bounded(ks, math.log(h)) if h and h > 0 and self.hint_bound and self.from_hints else None
         if ks is None or ks.work.n < MIN_SAMPLES:
+            if log_h is not None:
+                return math.exp(log_h)
             return h if h else self.default_s
-        return self._posterior(ks, h, None)
+        return self._posterior(ks, h, log_h)
 
     def _posterior(self, ks: KindStats, h: float | None, log_h: float | None) -> float:
         """The posterior mean of the work, ``h`` the hint (``log_h`` its log, if known)."""
@@ -157,6 +185,10 @@ class Estimator:
             ks = self.kinds[spec.kind] = KindStats(Welford(), Welford())
         lw = math.log(work_s)
         ks.work.add(lw)
-        if spec.hint_s:
-            ks.error.add(math.log(spec.hint_s) - lw)
+        h = spec.hint_s
+        if h and h > 0:
+            log_h = math.log(h)
+            if self.hint_bound and self.from_hints:
+                log_h = self._bounded(ks, log_h)
+            ks.error.add(log_h - lw)
         ks.est_cache = None

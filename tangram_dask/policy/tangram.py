@@ -99,6 +99,7 @@ class TangramOptions:
     keep_deployed: float = 1.0  # 1: replicas deployed before the step stay until 8 trajectories ended
     unseen_busy: float = 1.0    # (with keep_deployed) a load site beside such a replica whose model was never called
                                 # counts it this busy in its contention (its rewards come last); 0: as idle
+    hint_bound: float = 6.0     # >0: a hint's log counts at most this x its kind's spread from its kind's (bad input)
     hint_spread: float = 1.0    # 1: a kind's work spread also from the hints of every issued action (not only finished)
     elephant_move: float = 1.0  # 1: an elephant whose home has little room moves to the node with the most
     elephant_tail: float = 0.5  # >0: once no trajectory waits for admission (the step's tail), an action expected to
@@ -216,7 +217,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.opt = options or TangramOptions()
         # replicas wider than the contract's smallest k (WORKLOAD.md): the simulator checks them unless named here
         self.beyond_contract = tuple(n for n in ("wide_replicas", "grow") if getattr(self.opt, n))
-        self.est = Estimator(from_hints=bool(self.opt.hint_spread))
+        self.est = Estimator(from_hints=bool(self.opt.hint_spread), hint_bound=self.opt.hint_bound)
         self.pools: dict[str, Pool] = {"cpu": Pool("cpu", "cpu"), "api": Pool("api", "api")}
         self.dirty: dict[str, None] = {}
         self._seq = 0
