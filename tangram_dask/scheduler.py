@@ -329,7 +329,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         now = self.now()
         old: dict[str, list[str]] = {}
         cpu: set[str] = set()
-        for spec, sf, t in waiting.values():
+        for spec, sf, t, _ in waiting.values():
             if (now - t) * self.options.time_scale >= self.warn_unplaceable_s:
                 old.setdefault(sf.reason, []).append(spec.kind)
                 if spec.resource == "cpu":
@@ -685,7 +685,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 if a.state != FAILED:
                     a = self._own(key, a)
                     a.state, a.grant = DONE, None
-                self._done(key, self.scheduler.tasks.get(key))
+                # released (its input was lost with a worker): it waits again once its input is computed again,
+                # keeping its first place and counted once (its record, with its submit time, is kept)
+                self._done(key, self.scheduler.tasks.get(key), keep=finish == "released")
             if finish == "forgotten":
                 self.actions.pop(key, None)
                 self._ungranted(key)

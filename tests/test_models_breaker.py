@@ -151,3 +151,26 @@ def test_one_action_whose_background_load_and_own_retry_fail_counts_once():
     outs = [run_action(h, f"a{i}", gpu_spec("rm"), h.plugin.now())[0] for i in range(1, BROKEN_AFTER + 1)]
     print(outs)
     assert outs[:BROKEN_AFTER - 1] == ["erred"] * (BROKEN_AFTER - 1) and outs[-1] == "rejected"
+
+
+def test_a_failed_background_load_whose_worker_left_is_forgotten():
+    """A background load fails, then its worker leaves before any action retries it: the scheduler's note that its
+    retry is coming goes at the next tick (found by a helper's review of session 33; before, it stayed for good)."""
+    h = Harness()
+    h.register("rm", FailLoader(), memory_gb=10.0, load_s=1.0)
+    h.add_gpu_worker("w1", loaders={"rm": FailLoader()})
+    pol = h.plugin.policy
+    pol.submit("a0", gpu_spec("rm"), h.plugin.now())
+    for _ in range(50):  # until the background load is decided and its failure reported
+        for d in h.schedule(h.plugin.now()):
+            if isinstance(d, Load):
+                h.workers[d.node].load_ahead(int(d.replica), d.model, d.gpus, tuple(int(e) for e in d.evict))
+        time.sleep(0.05)
+        h.drain()
+        if h.res._retrying:
+            break
+    assert h.res._retrying
+    del h.sched.workers["w1"]
+    pol.remove_node("w1")
+    h.res.tick()
+    assert not h.res._retrying

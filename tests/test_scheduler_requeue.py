@@ -1,21 +1,31 @@
-"""Actions granted to a worker that leaves (or pauses) before Dask sent them there are queued again: once, in
-their first place, with nothing of the old grant left behind. On the stand-in scheduler of
-tests/test_scheduler_grant_index.py (no Dask cluster: the case needs a grant caught in ``no-worker`` at the moment
-its worker leaves, which a real cluster gives only by chance). Each test failed before session 33's fix."""
+"""Actions that come back unrun (granted to a worker that leaves or pauses before Dask sent them there, released from
+a worker that dies, or waiting for an input lost with one) are queued again: once, in their first place, with
+nothing of the old grant left behind. The first tests run on the stand-in scheduler of
+tests/test_scheduler_grant_index.py (the case needs a grant caught in ``no-worker`` at the moment its worker leaves,
+which a real cluster gives only by chance); the last two on a LocalCluster whose workers are killed. Each test failed
+before session 33's fixes (the last four were found by a helper's review of the first fix)."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from types import SimpleNamespace
 
+from distributed import Client
+
+import pytest
 from distributed.core import Status
 
+import tangram_dask
 from tangram_dask import make_spec
 from tangram_dask.cluster import CpuNode
 from tangram_dask.messages import GRANT_KEY, WorkerDeclaration
 from tangram_dask.policy import TangramPolicy
 from tangram_dask.scheduler import GRANTED, PENDING, Action, TangramSchedulerPlugin
 
+from test_scheduler_faults import _wait_for_line, record_then_sleep
 from test_scheduler_grant_index import Sched
+from test_scheduler_plugin import _cpu_worker, start_cluster, wait_nodes
 
 
 class Timer:
@@ -155,3 +165,118 @@ def test_a_node_that_leaves_with_actions_running_frees_their_pool_counts():
     for aid in started:
         pol.finish(aid, 3.0, 1.0)
     assert pol.pools["cpu"].rmin == 0 and pol.pools["cpu"].qmin == 0
+
+
+def _issued(pol, traj="t0"):
+    """What the figures that learn from issued actions counted: (actions seen by the turn figures, the
+    trajectory's actions)."""
+    return pol.turn_time.n, pol.traj_work[traj][4]
+
+
+def test_an_action_back_unrun_that_fits_nowhere_is_counted_once_when_a_node_joins():
+    """The only CPU node leaves with one action running and one queued: both fit nowhere and wait (unplaceable);
+    when a node joins they start, counted once (before: counted again on the way out of the unplaceable set)."""
+    from tangram_dask.cluster import ClusterSpec
+
+    pol = TangramPolicy(ClusterSpec("t"), {}, ())
+    pol.add_cpu_node(CpuNode("a", 1))
+    spec = make_spec("tool", "cpu", 1, hint_s=1.0, trajectory="t0")
+    pol.submit("x0", spec, 0.0)
+    pol.submit("x1", spec, 0.0)
+    pol.schedule(0.0)
+    before = _issued(pol)
+    for aid in pol.remove_node("a"):
+        pol.submit(aid, spec, 1.0, issued_at=0.0)
+    assert sorted(pol.unplaceable) == ["x0", "x1"]
+    pol.add_cpu_node(CpuNode("b", 2))
+    assert sorted(d.action for d in pol.schedule(2.0)) == ["x0", "x1"]
+    assert _issued(pol) == before
+
+
+@pytest.mark.parametrize("how", ["cancel", "remove_node"])
+def test_a_requeued_actions_run_time_replaces_its_estimate_in_its_trajectorys_figures(how):
+    """Hinted 1 s, it ran 9 s after coming back unrun: its trajectory's figures (which the gate learns from) read
+    9 s, as for an action that never came back (before: 1 s after a cancel, the hint kept)."""
+    from tangram_dask.cluster import ClusterSpec
+
+    def run(requeue):
+        pol = TangramPolicy(ClusterSpec("t"), {}, ())
+        pol.add_cpu_node(CpuNode("a", 1))
+        pol.add_cpu_node(CpuNode("b", 1))
+        spec = make_spec("tool", "cpu", 1, hint_s=1.0, trajectory="t0")
+        pol.submit("x0", spec, 0.0)
+        [d] = pol.schedule(0.0)
+        if requeue == "cancel":  # _revoke, processing -> released
+            pol.cancel("x0", 0.5)
+        elif requeue == "remove_node":  # remove_worker
+            pol.remove_node(d.node)
+        if requeue:
+            pol.submit("x0", spec, 0.5, issued_at=0.0)
+        pol.schedule(0.5)
+        pol.finish("x0", 10.0, 9.0)
+        return round(pol.traj_work["t0"][3], 3), pol.traj_work["t0"][4]
+
+    assert run(how) == run(None) == (9.0, 1.0)
+
+
+def _counts(client, plugin):
+    tot = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["tangram-monitor"].stats.totals())
+    pol = {k: w.n for k, w in plugin.policy.ests.items()}
+    dash = {k: v["submitted"] for k, v in tot.items()}
+    print("issued, by the policy's figures:", pol, "| submitted, by the dashboard:", dash)
+    return pol, dash
+
+
+def first(x):
+    return x + 1
+
+
+def dep(x):
+    return x * 2
+
+
+def test_live_the_last_worker_dies_mid_action_and_its_action_is_counted_once(tmp_path):
+    """One CPU worker, killed mid-action: Dask queues the action again before the plugin hears the worker left; no
+    CPU node is left, so it waits until the nanny's new worker joins, and is counted once."""
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    with start_cluster(plugin, {"cpu-0": _cpu_worker("cpu-0", 1, 1)}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        wait_nodes(plugin, 1)
+        log = tmp_path / "log"
+        with tangram_dask.action(kind="hold", resource="cpu", units=1, hint_s=5.0):
+            c = client.submit(record_then_sleep, str(log), 1.0, pure=False)
+        os.kill(int(_wait_for_line(log, "start").split()[1]), signal.SIGKILL)
+        c.result(timeout=60)
+        pol, dash = _counts(client, plugin)
+        assert pol["hold"] == 1 and dash["hold"] == 1
+
+
+def test_live_an_action_whose_input_is_lost_with_a_worker_is_counted_once(tmp_path):
+    """Two CPU workers of one slot, both busy; ``dep`` waits for a slot, and its input lives on a worker that dies:
+    Dask releases it, computes its input again, and it waits again: counted once by the policy and the dashboard
+    (before: its record was dropped on the release, and it came back as new)."""
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    ws = {"cpu-0": _cpu_worker("cpu-0", 1, 1), "cpu-1": _cpu_worker("cpu-1", 1, 1)}
+    with start_cluster(plugin, ws) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 2)
+        with tangram_dask.action(kind="first", resource="cpu", units=1, hint_s=0.1):
+            a = client.submit(first, 1, pure=False)
+        a.result(timeout=30)
+        (home,) = client.who_has(a)[a.key]
+        holds = []
+        for i in range(2):
+            with tangram_dask.action(kind="hold", resource="cpu", units=1, hint_s=5.0):
+                holds.append(client.submit(record_then_sleep, str(tmp_path / f"l{i}"), 3.0, pure=False))
+        for i in range(2):
+            _wait_for_line(tmp_path / f"l{i}", "start")
+        with tangram_dask.action(kind="dep", resource="cpu", units=1, hint_s=1.0):
+            b = client.submit(dep, a, pure=False)
+        deadline = time.monotonic() + 20
+        while not (plugin.actions.get(b.key) is not None and plugin.actions[b.key].state == PENDING):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(client.run(os.getpid, workers=[home])[home], signal.SIGKILL)
+        assert b.result(timeout=60) == 4 and all(h.result(timeout=60) for h in holds)
+        pol, dash = _counts(client, plugin)
+        assert pol["hold"] == 2 and pol["dep"] == 1 and dash["dep"] == 1

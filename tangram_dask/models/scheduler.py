@@ -212,6 +212,14 @@ class SchedulerResidency:
             logger.exception("tangram: the policy could not take worker %s's stalled load %d", worker, r.hold)
         self._kick()
 
+    def _prune_retrying(self) -> None:
+        """The failed background loads whose retry can no longer come: their worker left, or their replica left
+        the policy's ledger (each once: replica ids are not reused)."""
+        pol, live = self.plugin.policy, self.scheduler.workers
+        held = pol.gpu.replicas if pol is not None else {}
+        for k in [k for k in self._retrying if k[0] not in live or k[1] not in held]:
+            del self._retrying[k]
+
     def _forget_failures(self, model: str) -> None:
         self.failed_in_a_row.pop(model, None)
         if self._retrying:
@@ -271,6 +279,8 @@ class SchedulerResidency:
         """
         self.reconcile()
         pol = self.plugin.policy
+        if self._retrying:
+            self._prune_retrying()
         if self.broken_since and pol is not None:  # half-open: after a while, one action of a broken model is tried
             for model, t in list(self.broken_since.items()):
                 if model not in pol.broken:  # registered again (set_model cleared it)

@@ -84,7 +84,9 @@ class Policy:
         self.expired: list[str] = []
         self._ready: list[Decision] = []
         self.decisions = 0
-        self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float]] = {}  # waiting for a larger node
+        # waiting for a larger node: (spec, why, since, issued_at: the time it was first issued where the figures
+        # that learn from issued actions counted it already, else None)
+        self.unplaceable: dict[ActionId, tuple[ActionSpec, Shortfall, float, float | None]] = {}
         self.broken: dict[str, str] = {}  # models whose loads keep failing -> why their actions are rejected
         self.probing: set[str] = set()  # broken models whose next action is let through, to try them again
         # per CPU node, its running actions' expected ends, kept only where nodes take dispatch-ahead units (live)
@@ -134,7 +136,7 @@ class Policy:
             self._submit(aid, spec, now, issued_at)
             return None
         if self._may_wait(spec):
-            self.unplaceable[aid] = (spec, sf, now)
+            self.unplaceable[aid] = (spec, sf, now, issued_at)
         else:
             self._reject(aid, sf.reason, sf)
         return sf
@@ -148,7 +150,7 @@ class Policy:
         """Set it; the actions waiting for capacity that it no longer lets wait are rejected (their
         ``Reject`` goes out with the next ``schedule``)."""
         self._wait_unplaceable = value
-        for aid, (spec, sf, _) in list(self.unplaceable.items()):
+        for aid, (spec, sf, _, _) in list(self.unplaceable.items()):
             if not self._may_wait(spec):
                 del self.unplaceable[aid]
                 self._reject(aid, sf.reason, sf)
@@ -189,13 +191,13 @@ class Policy:
         old, self._capacity = self._capacity, self._measure_capacity()
         cap = self._capacity
         if self.unplaceable:
-            for aid, (spec, _, t) in list(self.unplaceable.items()):
+            for aid, (spec, _, t, issued_at) in list(self.unplaceable.items()):
                 sf = never_fits(spec, cap, self.models)
                 if sf is None:
                     del self.unplaceable[aid]
-                    self._submit(aid, spec, t)
+                    self._submit(aid, spec, t, issued_at)
                 elif self._may_wait(spec):
-                    self.unplaceable[aid] = (spec, sf, t)
+                    self.unplaceable[aid] = (spec, sf, t, issued_at)
                 else:  # it waited because no node of its kind had joined; one has, and cannot hold it
                     del self.unplaceable[aid]
                     self._reject(aid, sf.reason, sf)
@@ -205,7 +207,7 @@ class Policy:
             sf = never_fits(spec, cap, self.models)
             if sf is not None and self._drop_pending(aid):
                 if self._may_wait(spec):
-                    self.unplaceable[aid] = (spec, sf, 0.0)
+                    self.unplaceable[aid] = (spec, sf, 0.0, 0.0)  # (counted when it was issued)
                 else:
                     self._reject(aid, sf.reason, sf)
         self._capacity_changed()
@@ -279,7 +281,7 @@ class Policy:
         for aid, spec in self._queued_specs():
             if spec.model == model and self._drop_pending(aid):
                 self._reject(aid, reason)
-        for aid, (spec, _, _) in list(self.unplaceable.items()):
+        for aid, (spec, _, _, _) in list(self.unplaceable.items()):
             if spec.model == model:
                 del self.unplaceable[aid]
                 self._reject(aid, reason)
@@ -512,7 +514,7 @@ class Policy:
         return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions,
                               {"rejected": self.rejected, "cordoned": sorted(self.cordoned()),
                                "broken": sorted(self.broken)},
-                              tuple(sf for _, sf, _ in self.unplaceable.values()),
+                              tuple(x[1] for x in self.unplaceable.values()),
                               self._admission_waiting(), self._node_stats(), self.gpu_waiting())
 
     def gpu_waiting(self) -> tuple[tuple[str, str, int], ...]:

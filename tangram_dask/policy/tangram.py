@@ -257,9 +257,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         # per trajectory in flight: [cpu, gpu, api unit-seconds, action seconds, actions, its last action's api
         # unit-seconds, its last action's seconds]; summed when it ends (api_whole reads the last two)
         self.traj_work: dict[str, list[float]] = {}
-        # gate_runs: per action of a trajectory in flight, (seconds and units it added to traj_work, its ordinal
-        # there); when it finishes, its run time takes the estimate's place
-        self._issued_work: dict[ActionId, tuple[float, int, float]] = {}
+        # gate_runs: per trajectory in flight, per action of it, (seconds and units it added to traj_work, its
+        # ordinal there); when it finishes, its run time takes the estimate's place. A cancelled action's entry
+        # stays (it may come back unrun, submit(issued_at=...), and run) until its trajectory ends
+        self._issued_work: dict[str, dict[ActionId, tuple[float, int, float]]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
@@ -346,6 +347,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.fresh.discard(trajectory)
         self._gpu_last.pop(trajectory, None)
         self.last_end.pop(trajectory, None)
+        if self._issued_work:
+            self._issued_work.pop(trajectory, None)
         acc = self.traj_work.pop(trajectory, None)
         if acc is not None:
             self._limit_dirty = True
@@ -438,7 +441,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             acc[5] = t_u * u if res == "api" else 0.0  # the last action so far (at the end: the reward)
             acc[6] = t_u
             if self.opt.gate_runs:
-                self._issued_work[aid] = (t_u, u, acc[4])
+                w = self._issued_work.get(traj)
+                if w is None:
+                    w = self._issued_work[traj] = {}
+                w[aid] = (t_u, u, acc[4])
         if est > 0:
             log_est = math.log(est)
             w = self.ests.get(spec.kind)
@@ -485,7 +491,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._unpaid[r.replica] = owed
             else:
                 del self._unpaid[r.replica]
-        issued = self._issued_work.pop(aid, None) if self._issued_work else None
+        w = self._issued_work.get(traj) if self._issued_work else None
+        issued = w.pop(aid, None) if w else None
         if run_s is not None and run_s > 0:
             u, m = r.units, spec.units_max
             work = run_s / spec.scale(u if u < m else m)  # min(u, m)
@@ -509,7 +516,6 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             acc[6] = t_run
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
-        self._issued_work.pop(aid, None)
         r = self.running.get(aid)
         done = super().cancel(aid, now)
         if r is not None:
@@ -518,10 +524,6 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
 
     def _lost(self, r: Running) -> None:
         self._released(r)  # (before session 33 its units.min stayed counted as running in its pool, for good)
-
-    def _reject(self, aid: ActionId, reason: str, shortfall: Shortfall | None = None) -> None:
-        self._issued_work.pop(aid, None)
-        super()._reject(aid, reason, shortfall)
 
     def _released(self, r: Running) -> None:
         """An action gave its units back: its pool's counters, and who may use them."""
