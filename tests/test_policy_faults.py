@@ -554,3 +554,31 @@ def test_an_action_is_sent_ahead_only_where_a_slot_frees_soon(ahead_wait):
         assert later == [on["s0"]]
     else:
         assert nodes.count(on["long"]) == 2
+
+
+# -- one action's wish does not set the gate's figures -------------------------------------------------------
+def test_one_action_asking_a_million_units_does_not_slow_the_step_of_the_others():
+    """Simulated: the standard workload's 128 trajectories on the tight cluster (32-slot nodes); one test run asks
+    units.max = 1e6 (allowed: units.max is what an action could use, not what it needs). The gate reads every
+    issued action's CPU demand at units.max: before session 33 it read that one as 1e6 slots' worth, and the step
+    was 5.4x the same run's without it on the whole tight file. Now units.max counts at most the largest node's
+    slots, and the step is within 2%."""
+    import dataclasses
+    from pathlib import Path
+
+    from tangram_dask.bench import simulate
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.workload import generate, load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
+    cl = load_cluster(root / "cluster-tight.yaml")
+    base = simulate(generate(wl), cl, "tangram")
+    wide = dataclasses.replace(wl.tools[1], kind="run_tests_wide", weight=0.0, units_max=10**6)
+    gen = generate(wl)
+    kinds = [k.kind for k in wl.kinds]
+    gen = dataclasses.replace(gen, spec=dataclasses.replace(wl, rewards=tuple(wl.rewards) + (wide,)))
+    gen.kind[[i for i in range(gen.n_actions) if kinds[gen.kind[i]] == "run_tests"][30]] = len(kinds)
+    r = simulate(gen, cl, "tangram")
+    print("step with it / without:", r["step_s"] / base["step_s"], "ACT:", r["act_mean_s"] / base["act_mean_s"])
+    assert abs(r["step_s"] / base["step_s"] - 1.0) < 0.02
