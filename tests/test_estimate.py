@@ -176,15 +176,28 @@ def test_an_absurd_hint_counts_at_most_bound_sd_from_its_kinds(bound, hint, want
     assert hs.n == 9 and (bound == 0 or max(abs(hs.mean), hs.m2) < 100)
 
 
-def test_the_bound_uses_every_kinds_hints_until_a_kind_has_eight_and_a_spread_floor():
+def test_the_bound_has_a_spread_floor_and_leaves_a_kinds_first_hints_alone():
     est = Estimator(hint_bound=6.0)
     _hinted(est, [10.0] * 8, kind="a")  # all alike: spread 0, floored at 1 (log)
-    # kind "b" has no hints yet: bounded by every kind's (log mean log 10, floor sd 1): 10 x e^6 at most
-    assert est.issue(make_spec("b", "cpu", 1, hint_s=1e9)) == pytest.approx(10.0 * E ** 6)
-    assert est.issue(make_spec("a", "cpu", 1, hint_s=1e6)) == pytest.approx(10.0 * E ** 6)  # its own kind's
+    assert est.issue(make_spec("a", "cpu", 1, hint_s=1e6)) == pytest.approx(10.0 * E ** 6)
     est = Estimator(hint_bound=6.0)
     _hinted(est, [10.0] * 8, kind="a")
     assert est.issue(make_spec("a", "cpu", 1, hint_s=300.0)) == pytest.approx(300.0)  # a 30x hint is kept
+    # another kind's first hints are its own: 1e-200 s is not read as "a" (other kinds say nothing of its scale)
+    assert est.issue(make_spec("b", "cpu", 1, hint_s=1e-200)) == pytest.approx(1e-200)
+
+
+def test_an_estimate_never_overflows():
+    """Hints spread over 1e-300 .. 1e9 s (a kind's first ones are not bounded), hints that were exact for what
+    finished: the hints' spread less the errors' makes the work's variance about 1e5 (in log), and an action without
+    a hint was estimated exp(1e5 / 2): OverflowError inside the policy. An estimate is at most 1e9 s."""
+    est = Estimator()
+    for i in range(12):
+        est.issue(make_spec("k", "cpu", 1, hint_s=1e-300 if i % 2 else 1e9))
+    for _ in range(8):
+        est.observe(make_spec("k", "cpu", 1, hint_s=1.0), 1.0)  # exact hints: the error's spread is 0
+    assert est.expected(make_spec("k", "cpu", 1)) == pytest.approx(1e9)
+    assert 0 < est.issue(make_spec("k", "cpu", 1, hint_s=5.0)) <= 1e9
 
 
 def test_one_absurd_hint_does_not_slow_the_step_of_the_others():

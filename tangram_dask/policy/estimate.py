@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from ..spec import ActionSpec
 
 MIN_SAMPLES = 8
-HINT_SD_FLOOR = 1.0  # (log) the spread the hint bound assumes at least: hints all alike still let a 55x one through
+HINT_SD_FLOOR = 1.0  # (log) the spread the hint bound assumes at least: hints all alike still let a 400x one through
+LOG_MOST = math.log(1e9)  # an estimate is at most 1e9 s (the most a spec's seconds may say): never an overflow
 
 
 @dataclass(slots=True)
@@ -78,16 +79,17 @@ class Estimator:
         self.from_hints = from_hints
         self.hint_bound = hint_bound
         self.kinds: dict[str, KindStats] = {}
-        self.all_hints = Welford()  # log of every hint, all kinds together (the bound, until a kind has 8)
 
     def _bounded(self, ks: KindStats | None, log_h: float) -> float:
-        """``hint_bound``: the hint's log within ``hint_bound`` sd (at least ``HINT_SD_FLOOR``) of its kind's
-        hints, or of every kind's until its own has ``MIN_SAMPLES``. One absurd hint (a unit slip: 1e6 s
-        for a 12 s test run) is bad input: unbounded, it set its kind's spread and every figure the gate
-        learns (the mean action, the demand per trajectory) for the rest of the run, and on the tight file
-        one such hint made the step 20% longer. Lognormal hints never reach 4 sd by chance in a run."""
-        w = ks.hints if ks is not None and ks.hints is not None and ks.hints.n >= MIN_SAMPLES else self.all_hints
-        if w.n < MIN_SAMPLES:
+        """``hint_bound``: the hint's log within ``hint_bound`` sd (at least ``HINT_SD_FLOOR``) of the mean of its
+        kind's hints, once it has ``MIN_SAMPLES``. One absurd hint (a unit slip: 1e9 s for a 12 s test run) is
+        bad input: unbounded, it set its kind's spread and every figure the gate learns (the mean action, the
+        demand per trajectory) for the rest of the run, and on the tight file one such hint made the step 1.21x
+        the same run's without it. Lognormal hints never reach 6 sd by chance in a run. A kind's first hints
+        are not bounded (other kinds say nothing of its scale: bounded by them, a kind 1e260 times shorter
+        than the first one seen was read 1e260 times too long, and its estimate overflowed)."""
+        w = ks.hints if ks is not None else None
+        if w is None or w.n < MIN_SAMPLES:
             return log_h
         sd = math.sqrt(w.m2 / (w.n - 1))
         d = self.hint_bound * (sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR)
@@ -125,7 +127,6 @@ class Estimator:
         log_h = math.log(h)
         if self.hint_bound:
             log_h = self._bounded(ks, log_h)
-            self.all_hints.add(log_h)
         ks.hints.add(log_h)
         return ks, log_h
 
@@ -169,12 +170,14 @@ class Estimator:
             v = hs.m2 / (hs.n - 1) - var_e
             var_w = var_w if var_w > v else v  # max(v, var_w), without the call
         if not h or var_e == math.inf:
-            return math.exp(mu + var_w / 2)
+            x = mu + var_w / 2
+            return math.exp(x if x < LOG_MOST else LOG_MOST)
         wh = 1.0 / var_e
         ww = 1.0 / var_w
         post_var = 1.0 / (wh + ww)
         post_mu = (mu * ww + ((math.log(h) if log_h is None else log_h) - bias) * wh) * post_var
-        return math.exp(post_mu + post_var / 2)
+        x = post_mu + post_var / 2
+        return math.exp(x if x < LOG_MOST else LOG_MOST)
 
     def observe(self, spec: ActionSpec, work_s: float) -> None:
         """An action finished; ``work_s`` is its run time normalised to units_min."""
