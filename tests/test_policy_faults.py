@@ -582,3 +582,41 @@ def test_one_action_asking_a_million_units_does_not_slow_the_step_of_the_others(
     r = simulate(gen, cl, "tangram")
     print("step with it / without:", r["step_s"] / base["step_s"], "ACT:", r["act_mean_s"] / base["act_mean_s"])
     assert abs(r["step_s"] / base["step_s"] - 1.0) < 0.02
+
+
+def test_units_declared_without_a_speedup_change_nothing():
+    """``units=(1, 32)`` with no parallel fraction is ``units=1``: more units would not speed it up, and it is
+    always sized units.min. The gate read it at 32 units: on the tight file the code runs declared so made the
+    step 2.4x that of the same runs declared ``units=1`` (before session 33); now the runs are the same."""
+    import dataclasses
+    from pathlib import Path
+
+    from tangram_dask.bench import simulate
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.workload import generate, load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
+    cl = load_cluster(root / "cluster-tight.yaml")
+    runs = {}
+    for umax in (1, 32):
+        tools = list(wl.tools)
+        tools[0] = dataclasses.replace(tools[0], units_max=umax, parallel_fraction=0.0)
+        r = simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")
+        runs[umax] = (r["act_mean_s"], r["step_s"])
+    print("code runs without a speedup, units (1, max): max -> (ACT, step)", runs)
+    assert runs[32] == runs[1]
+
+
+def test_a_gpu_action_without_a_speedup_takes_the_smallest_replica():
+    """Two ready replicas of the judge, on 1 GPU and on 2: an action of units (1, 2) with a parallel fraction takes
+    the 2-GPU one (it runs faster), one without takes the 1-GPU one (the second GPU would do nothing but wait)."""
+    from tangram_dask.policy.types import ReplicaSpec
+
+    models = {"judge": ModelSpec("judge", 10.0, 10.0)}
+    cluster = ClusterSpec("g", (), (GpuNode("g0", 4, 80.0, (4,)),))
+    for pf, want in ((0.8, 2), (0.0, 1)):
+        pol = TangramPolicy(cluster, models, [ReplicaSpec("judge", "g0", (0,)), ReplicaSpec("judge", "g0", (2, 3))])
+        pol.submit("a", make_spec("score", "gpu", (1, 2), speedup=pf, hint_s=1.0, model="judge"), 0.0)
+        (d,) = [d for d in pol.schedule(0.0) if isinstance(d, Start)]
+        assert d.units == want and len(d.gpus) == want

@@ -256,7 +256,8 @@ class GpuPlacement:
                 self.dirty[name] = None
 
     def _ready_replica(self, model: str, spec: ActionSpec, end: float | None = None) -> ReplicaId | None:
-        """The ready replica to run on: within ``units.max`` the largest (it runs the action fastest;
+        """The ready replica to run on: within ``units.max`` (``units.min`` for an action without a parallel
+        fraction, which more GPUs do not speed up) the largest (it runs the action fastest;
         replicas grow only where that cost nothing, ``_replica_shapes``), past it the smallest (the
         extra GPUs would do nothing); among those, with ``spare_shared``, the one whose GPUs the other
         models' replicas need least (``_contention``). O(ready replicas of the model x replicas beside), or
@@ -270,9 +271,11 @@ class GpuPlacement:
         gp = self.gpu
         best, best_k, best_c = None, 0, 0.0
         spare = self.opt.spare_shared
+        # past units.min an action without a parallel fraction runs no faster: the smallest replica for it
+        most = spec.units_max if spec.parallel_fraction > 0.0 else spec.units_min
         top = gp.widest.get(model, 0)  # no replica's key is above it
-        if top > spec.units_max:
-            top = spec.units_max
+        if top > most:
+            top = most
         for rid in gp.ready.get(model, ()):
             r = gp.replicas[rid]
             k = len(r.gpus)
@@ -280,7 +283,7 @@ class GpuPlacement:
                 continue
             if end is not None and self._claimed(r.node, r.gpus, end):
                 continue
-            key = k if k <= spec.units_max else -k
+            key = k if k <= most else -k
             if best is not None and (key < best_k or (key == best_k and best_c <= 0.0)):
                 continue  # no better: a smaller key, or the same with none beside it to spare (c >= 0)
             c = self._shared_need(r) if spare else 0.0

@@ -463,10 +463,14 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
     def _units_at_most(self, spec: ActionSpec) -> int:
-        """``units.max``, at most what the largest node of its resource holds: the units it could get, which the
-        gate's figures read (a units.max over every node is a wish, not demand: before session 33 one action
-        asking 1e6 slots made the tight file's step 5.4x, the gate reading its 1e6 slots as one trajectory's)."""
+        """The most units the action could use, which the gate's figures read: ``units.max``, at most what the
+        largest node of its resource holds, and ``units.min`` where more would not speed it up (no parallel
+        fraction: it is always sized ``units.min``, ``_units``). Before session 33 one action asking 1e6 slots
+        made the tight file's step 5.4x the same run's without it, and code runs declared ``units=(1, 32)``
+        without a speedup 2.4x the step of the same declared ``units=1``."""
         cap, m = self._capacity, spec.units_max
+        if spec.parallel_fraction == 0.0:
+            return spec.units_min
         r = spec.resource
         c = cap.cpu_largest if r == "cpu" else cap.api_tokens if r == "api" else max(
             (s.gpus for s in cap.gpu_shapes), default=0)
