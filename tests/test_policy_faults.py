@@ -620,3 +620,63 @@ def test_a_gpu_action_without_a_speedup_takes_the_smallest_replica():
         pol.submit("a", make_spec("score", "gpu", (1, 2), speedup=pf, hint_s=1.0, model="judge"), 0.0)
         (d,) = [d for d in pol.schedule(0.0) if isinstance(d, Start)]
         assert d.units == want and len(d.gpus) == want
+
+
+def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypatch):
+    """Trajectories begun with expected lengths (``begin_trajectory(expected_s=...)``, long ones admitted first); one
+    says 1e9 s. Its length is bounded as hints are (``hint_bound``): the step of the others on the tight cluster
+    within 2% of the same run's without it (unbounded, as before session 33, it set the mean that long-first
+    admission compares with, and the step was 1.10x)."""
+    import dataclasses
+    from pathlib import Path
+
+    import tangram_dask.sim as sim
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.policy import make_policy
+    from tangram_dask.workload import generate, load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
+    cl = load_cluster(root / "cluster-tight.yaml")
+    hints = sim.trajectory_hints
+
+    def step(options, bad):
+        def one_absurd(g, ideal, sigma):
+            h = hints(g, ideal, sigma)
+            if bad:
+                h[5] = 1e9
+            return h
+        monkeypatch.setattr(sim, "trajectory_hints", one_absurd)
+        r = sim.Simulator(generate(wl), cl, make_policy("tangram", cl, wl, options=options),
+                          trajectory_hint_sigma=0.5).run()
+        return float(max(r.step_end) - min(r.step_start))
+
+    ratios = {hb: step(TangramOptions(hint_bound=hb), True) / step(TangramOptions(hint_bound=hb), False)
+              for hb in (0.0, TangramOptions().hint_bound)}
+    print("step with it / without, by hint_bound:", ratios)
+    assert ratios[0.0] > 1.05
+    assert abs(ratios[TangramOptions().hint_bound] - 1.0) < 0.02
+
+
+@pytest.mark.parametrize("pf", [1e-9, 0.3])
+def test_a_wide_units_max_past_what_pays_changes_little(pf):
+    """Code runs with a small parallel fraction declared ``units=(1, 32)`` rather than ``(1, 2)``: the sizing rule never
+    gives them more than about 2 (past it their unit-seconds double), and the gate counts them there. Before
+    session 33 it counted 32 each: at 0.3 the step was 558 s against 357 s, at 1e-9 665 against 363."""
+    import dataclasses
+    from pathlib import Path
+
+    from tangram_dask.bench import simulate
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.workload import generate, load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
+    cl = load_cluster(root / "cluster-tight.yaml")
+    steps = {}
+    for umax in (2, 32):
+        tools = list(wl.tools)
+        tools[0] = dataclasses.replace(tools[0], units_max=umax, parallel_fraction=pf)
+        steps[umax] = simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")["step_s"]
+    print(f"parallel fraction {pf:g}: step with units (1, 2) and (1, 32):", steps)
+    assert abs(steps[32] / steps[2] - 1.0) < 0.03

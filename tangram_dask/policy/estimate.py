@@ -36,6 +36,17 @@ class Welford:
     def var(self) -> float:
         return self.m2 / (self.n - 1) if self.n > 1 else 0.0
 
+    def replace(self, old: float, new: float) -> None:
+        """One value added before, ``old``, is ``new`` instead (the count unchanged)."""
+        n = self.n
+        if n <= 1:
+            self.mean, self.m2 = (new, 0.0) if n == 1 else (self.mean, self.m2)
+            return
+        m1 = (n * self.mean - old) / (n - 1)  # without ``old``
+        m2 = self.m2 - (old - self.mean) * (old - m1)
+        self.n, self.mean, self.m2 = n - 1, m1, m2 if m2 > 0.0 else 0.0
+        self.add(new)
+
 
 @dataclass(slots=True)
 class Covariance:
@@ -69,6 +80,86 @@ class KindStats:
     error: Welford  # log(hint) - log(true work)
     est_cache: tuple[float, float, float, float] | None = None  # (mu, var_w of what finished, bias, var_e)
     hints: Welford | None = None  # log of the hints of every action issued (not only those that finished)
+    # (hint_bound) the first MIN_SAMPLES hint logs and hint errors, kept until they are bounded together
+    first_hints: list[float] | None = None
+    first_errors: list[float] | None = None
+
+
+def _robust(xs: list[float], z: float) -> list[float]:
+    """``xs`` with each value over ``z`` robust sd (1.4826 x the median absolute deviation, at least
+    ``HINT_SD_FLOOR``) from their median replaced by the median."""
+    ys = sorted(xs)
+    n = len(ys)
+    med = (ys[(n - 1) // 2] + ys[n // 2]) / 2
+    dev = sorted(abs(v - med) for v in ys)
+    d = z * max(1.4826 * (dev[(n - 1) // 2] + dev[n // 2]) / 2, HINT_SD_FLOOR)
+    return [v if abs(v - med) <= d else med for v in xs]
+
+
+def _add_first(w: Welford, buf: list[float] | None, x: float, z: float) -> list[float] | None:
+    """Add ``x`` to ``w``, one of its first ``MIN_SAMPLES`` values (``buf``, the ones so far). When there are
+    ``MIN_SAMPLES``, ``w`` is rebuilt from them as ``_robust`` keeps them: one absurd value among them moves
+    neither their mean nor their spread. Returns the buffer, None once it is spent."""
+    buf = [x] if buf is None else buf + [x]
+    w.add(x)
+    if len(buf) < MIN_SAMPLES:
+        return buf
+    w.n, w.mean, w.m2 = 0, 0.0, 0.0
+    for v in _robust(buf, z):
+        w.add(v)
+    return None
+
+
+class BoundedMean:
+    """The mean of the values given (seconds), each bounded as hints are (``hint_bound``): a value whose log is
+    over ``z`` sd from the logs before it, once there are ``MIN_SAMPLES`` (the first ones together, ``_robust``),
+    counts as the mean so far. :meth:`add` returns the value as bounded (its log within ``z`` sd). Values of
+    0 s count as given."""
+
+    __slots__ = ("z", "logs", "n", "total", "_first")
+
+    def __init__(self, z: float):
+        self.z = z
+        self.logs = Welford()
+        self.n = 0
+        self.total = 0.0
+        self._first: list[float] | None = []  # the logs of the first values, until they are bounded together
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else 0.0
+
+    def add(self, x: float) -> float:
+        self.n += 1
+        if not self.z or not x > 0.0:
+            self.total += x
+            return x
+        lx = math.log(x)
+        if self._first is None:
+            b = _within(self.logs, lx, self.z)
+            if b == lx:
+                self.logs.add(lx)
+                self.total += x
+                return x
+            self.logs.add(self.logs.mean)  # out of bounds: counted as the mean so far, in both
+            self.total += self.total / (self.n - 1)
+            return math.exp(b)
+        self.total += x
+        self._first.append(lx)
+        if len(self._first) == MIN_SAMPLES:
+            kept = _robust(self._first, self.z)
+            for v in kept:
+                self.logs.add(v)
+            self.total += sum(math.exp(k) - math.exp(v) for k, v in zip(kept, self._first))
+            self._first = None
+        return x
+
+
+def _within(w: Welford, x: float, z: float) -> float:
+    """``x`` within ``z`` sd (at least ``HINT_SD_FLOOR``) of the mean of ``w`` (2 or more values)."""
+    sd = math.sqrt(w.m2 / (w.n - 1)) if w.m2 > 0 else 0.0
+    d = z * (sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR)
+    return w.mean - d if x < w.mean - d else w.mean + d if x > w.mean + d else x
 
 
 class Estimator:
@@ -86,18 +177,13 @@ class Estimator:
         bad input: unbounded, it set its kind's spread and every figure the gate learns (the mean action, the
         demand per trajectory) for the rest of the run, and on the tight file one such hint made the step 1.21x
         the same run's without it. Lognormal hints never reach 6 sd by chance in a run. A kind's first hints
-        are not bounded (other kinds say nothing of its scale: bounded by them, a kind 1e260 times shorter
-        than the first one seen was read 1e260 times too long, and its estimate overflowed)."""
+        are bounded together once there are ``MIN_SAMPLES`` (``_add_first``); other kinds say nothing of its
+        scale (bounded by them, a kind 1e260 times shorter than the first one seen was read 1e260 times too
+        long, and its estimate overflowed)."""
         w = ks.hints if ks is not None else None
         if w is None or w.n < MIN_SAMPLES:
             return log_h
-        sd = math.sqrt(w.m2 / (w.n - 1))
-        d = self.hint_bound * (sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR)
-        if log_h > w.mean + d:
-            return w.mean + d
-        if log_h < w.mean - d:
-            return w.mean - d
-        return log_h
+        return _within(w, log_h, self.hint_bound)
 
     def issued(self, spec: ActionSpec) -> None:
         """An action was issued: its hint (all of them, long ones included, unlike what finished)."""
@@ -125,9 +211,16 @@ class Estimator:
         if ks.hints is None:
             ks.hints = Welford()
         log_h = math.log(h)
-        if self.hint_bound:
-            log_h = self._bounded(ks, log_h)
-        ks.hints.add(log_h)
+        if not self.hint_bound:
+            ks.hints.add(log_h)
+        elif ks.hints.n >= MIN_SAMPLES:
+            b = _within(ks.hints, log_h, self.hint_bound)
+            ks.hints.add(log_h if b == log_h else ks.hints.mean)  # an absurd one moves neither mean nor spread
+            log_h = b
+        else:  # one of its first: as given for its own estimate; its kind's figures bound them together at 8
+            ks.first_hints = _add_first(ks.hints, ks.first_hints, log_h, self.hint_bound)
+            if ks.first_hints is None:
+                log_h = _within(ks.hints, log_h, self.hint_bound)
         return ks, log_h
 
     def hint_in_tail(self, spec: ActionSpec, z: float) -> bool:
@@ -191,7 +284,13 @@ class Estimator:
         h = spec.hint_s
         if h and h > 0:
             log_h = math.log(h)
-            if self.hint_bound and self.from_hints:
-                log_h = self._bounded(ks, log_h)
-            ks.error.add(log_h - lw)
+            z = self.hint_bound if self.from_hints else 0.0
+            if not z:
+                ks.error.add(log_h - lw)
+            elif self._bounded(ks, log_h) == log_h:  # (a hint out of bounds says nothing of the hints' error)
+                e = log_h - lw
+                if ks.error.n >= MIN_SAMPLES:
+                    ks.error.add(e if _within(ks.error, e, z) == e else ks.error.mean)
+                else:
+                    ks.first_errors = _add_first(ks.error, ks.first_errors, e, z)
         ks.est_cache = None

@@ -37,10 +37,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from ..cluster import ModelSpec
-from ..spec import ActionSpec
+from ..spec import SECONDS_LIMIT, ActionSpec
 from .admission import AdmissionGate
 from .base import Policy, Running
-from .estimate import Covariance, Estimator, Welford
+from .estimate import BoundedMean, Covariance, Estimator, Welford
 from .gpus import GpuPlacement
 from .placement import Placement
 from .queues import Pending, Pool, Rate, Reservation, _pending
@@ -69,6 +69,8 @@ class TangramOptions:
                                 # admission_api x the tokens (0: neither)
     admission_api: float = 0.6  # (with admission_gpu) the API term's target (0: admission_gpu's); where the cluster
                                 # leans to GPUs, admission_gpu_lean's
+    turn_runs: float = 8.0      # >0 (with gate_runs): a finished action's run replaces its estimate in the turn figures
+                                # where the two differ by over e^this (an absurd hint among its kind's first 8)
     gate_runs: float = 1.0      # 1: an ended trajectory's demand in the gate is what its actions took (their run
                                 # times, normalised as the estimator's), not what was expected of them at issue (the
                                 # first of each kind are raw hints, exp(sigma^2 / 2) high on average: 1.65x at hint
@@ -238,7 +240,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.admission_queue: OrderedDict[str, float] = OrderedDict()
         self._long: list[tuple[float, int, str]] = []  # admit_long: (-expected_s, seq, trajectory), a heap, lazy
         self._long_seq: dict[str, int] = {}  # admit_long: waiting trajectory -> the seq of its live heap entry
-        self._expected = Welford()  # admit_long: the expected lengths given (seconds)
+        self._expected = BoundedMean(self.opt.hint_bound)  # admit_long: the expected lengths given (seconds)
         self._hinted: dict[str, float] = {}  # admit_long: trajectory -> its expected length, until it ends
         self._hint_fit = Covariance()  # admit_long: log expected vs log measured length of those that ended
         self._opt0 = self.opt  # the options given (admit_long's long_model in; its other targets while trusted)
@@ -260,7 +262,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         # gate_runs: per trajectory in flight, per action of it, (seconds and units it added to traj_work, its
         # ordinal there); when it finishes, its run time takes the estimate's place. A cancelled action's entry
         # stays (it may come back unrun, submit(issued_at=...), and run) until its trajectory ends
-        self._issued_work: dict[str, dict[ActionId, tuple[float, int, float]]] = {}
+        self._issued_work: dict[str, dict[ActionId, tuple[float, int, float, float, float]]] = {}
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
@@ -334,8 +336,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._limit_dirty = True
                 if not self.opt.long_trust:
                     self._trust(True)
+            # bounded as hints are: before session 33 one trajectory expected to last 1e9 s set the mean that
+            # long-first admission compares with, and the others' step on the tight file was 1.10x
+            expected_s = self._expected.add(expected_s if expected_s < SECONDS_LIMIT else SECONDS_LIMIT)
             self._hinted[trajectory] = expected_s
-            self._expected.add(expected_s)
             self._long_seq[trajectory] = self._expected.n
             heapq.heappush(self._long, (-expected_s, self._expected.n, trajectory))
 
@@ -430,9 +434,11 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 self._gpu_last[traj] = spec.model
                 self.model_calls[spec.model] = self.model_calls.get(spec.model, 0) + 1
                 self._classify(spec.model)
-            elif res == "cpu":
+            f = 0.0  # (cpu) what cpu_at_max counts per second of work on units.min
+            if res == "cpu":
                 m = self._units_at_most(spec)
-                self.cpu_at_max += est * spec.scale(m) * m
+                f = spec.scale(m) * m
+                self.cpu_at_max += est * f
             acc = self.traj_work.get(traj)
             if acc is None:
                 acc = self.traj_work[traj] = [0.0] * 7
@@ -445,7 +451,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                 w = self._issued_work.get(traj)
                 if w is None:
                     w = self._issued_work[traj] = {}
-                w[aid] = (t_u, u, acc[4])
+                w[aid] = (t_u, u, acc[4], est, f)
         if est > 0:
             log_est = math.log(est)
             w = self.ests.get(spec.kind)
@@ -464,13 +470,18 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
 
     def _units_at_most(self, spec: ActionSpec) -> int:
         """The most units the action could use, which the gate's figures read: ``units.max``, at most what the
-        largest node of its resource holds, and ``units.min`` where more would not speed it up (no parallel
-        fraction: it is always sized ``units.min``, ``_units``). Before session 33 one action asking 1e6 slots
-        made the tight file's step 5.4x the same run's without it, and code runs declared ``units=(1, 32)``
-        without a speedup 2.4x the step of the same declared ``units=1``."""
-        cap, m = self._capacity, spec.units_max
-        if spec.parallel_fraction == 0.0:
+        largest node of its resource holds, and at most the size where its unit-seconds double over ``units.min``
+        (``units.min`` itself with no parallel fraction: it is always sized ``units.min``, ``_units``). Before
+        session 33 one action asking 1e6 slots made the tight file's step 5.4x the same run's without it, and
+        code runs declared ``units=(1, 32)`` without a speedup 2.4x the step of the same declared ``units=1``."""
+        cap, m, p = self._capacity, spec.units_max, spec.parallel_fraction
+        if p == 0.0:
             return spec.units_min
+        if p < 1.0:  # past the size where its unit-seconds double (Amdahl: k (1 - p) + p = 2 (lo (1 - p) + p)), the
+            # sizing rule never goes, whatever the price (a parallel fraction of 0.3 on units (1, 32): 2, not 32)
+            k = int(2 * spec.units_min + p / (1.0 - p))
+            if k < m:
+                m = k
         r = spec.resource
         c = cap.cpu_largest if r == "cpu" else cap.api_tokens if r == "api" else max(
             (s.gpus for s in cap.gpu_shapes), default=0)
@@ -515,14 +526,32 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             if issued is not None:
                 self._ran(traj, spec, work, issued)
 
-    def _ran(self, traj: str | None, spec: ActionSpec, work: float, issued: tuple[float, int, float]) -> None:
+    def _ran(self, traj: str | None, spec: ActionSpec, work: float,
+             issued: tuple[float, int, float, float, float]) -> None:
         """``gate_runs``: an action of a trajectory in flight finished; in its trajectory's figures (``traj_work``)
-        what it took (``work``, on units.min) replaces what was expected of it at issue."""
+        what it took (``work``, on units.min) replaces what was expected of it at issue. With ``turn_runs``, in
+        the figures of every action issued too (``turn_time``, ``turn_units``, ``model_work``, ``cpu_at_max``),
+        where the estimate was off by over ``e^turn_runs`` (2,981x): an absurd hint among the first of its kind,
+        before ``hint_bound`` has 8 to bound it by, stayed there for the rest of the run, and one made the tight
+        file's step up to 1.42x the same run's without it (before session 33). Not every estimate: replacing all
+        of them cost ACT/ideal 0.005-0.031 on five of seven families (``reseed.py --k 12``), since the first
+        actions to finish are the short ones; at e^6 (403x) the hints of ``tail-h2.0`` (sigma 2) reached it, and
+        its ACT/ideal went 1.299 -> 1.325."""
+        t_est, u, k, est, f = issued
+        t_run = work * spec.scale(u)
+        z = self.opt.turn_runs
+        if z and t_est > 0 and t_run > 0 and abs(math.log(t_est / t_run)) > z:
+            self.turn_time.replace(t_est, t_run)
+            res = spec.resource
+            self.turn_units[res] += (t_run - t_est) * u
+            if res == "gpu":
+                self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_run - t_est
+            elif f:
+                self.cpu_at_max += (work - est) * f
+            self._limit_dirty = True
         acc = self.traj_work.get(traj)
         if acc is None:
             return
-        t_est, u, k = issued
-        t_run = work * spec.scale(u)
         d = t_run - t_est
         acc[_RES[spec.resource]] += d * u
         acc[3] += d
