@@ -443,7 +443,7 @@ class Residency:
             k = ms.replica_gpus(spec.units_min, st.spec.gpu_memory_gb)
             within.append((name, st, k))
             at[name] = [within[-1]]
-            if self.opt.residency and self.opt.wide_replicas and spec.units_max > k:
+            if self.opt.residency and self.opt.wide_replicas and spec.units_max > k and spec.parallel_fraction > 0.0:
                 within.append((name, st, spec.units_max))
                 at[name].append(within[-1])
             if max(st.spec.groups) < k <= st.spec.gpus:
