@@ -258,6 +258,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         #: After this many seconds (wall) of waiting with no worker that could ever hold them, actions are
         #: named in one WARNING per reason (say, no CPU worker has joined), checked every ``_watch_every_s``.
         self.warn_unplaceable_s = 30.0
+        self._hints_warned: set[str] = set()  # the action kinds whose out-of-bounds hints were logged
         self._watch_every_s = 5.0
         self._warned: set[str] = set()
         #: Set to a dict to keep every grant by key (benchmarks and tests read it).
@@ -344,6 +345,16 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                            "They stay queued until one joins.%s", len(kinds), ", ".join(sorted(set(kinds))),
                            self.warn_unplaceable_s, reason, hint)
         self._warned &= set(old)  # a reason that cleared may warn again if it comes back
+        bounded = getattr(getattr(self.policy, "est", None), "bounded", None)
+        if bounded and len(bounded) > len(self._hints_warned):
+            for kind, (count, given, counted) in bounded.items():
+                if kind not in self._hints_warned:
+                    self._hints_warned.add(kind)
+                    logger.warning("tangram: action kind %r: a hint_s of %.4g s is far outside the hints of its kind "
+                                   "(over %g sd from their mean, in log): the policy counted it as %.4g s (%d so far, "
+                                   "in dask_tangram_hints_bounded_total). Is the code that sends it off "
+                                   "(milliseconds for seconds)?", kind, given, self.policy.est.hint_bound, counted,
+                                   count)
 
     def now(self) -> float:
         """Policy time: seconds since start, divided by ``time_scale``."""

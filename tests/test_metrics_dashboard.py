@@ -32,7 +32,7 @@ SCHEDULER_FAMILIES = {
     "errors": "counter", "model_loads": "counter", "model_evictions": "counter", "sandbox_cold_starts": "counter",
     "model_replicas": "gauge", "model_memory_bytes": "gauge", "admissions": "counter",
     "admission_wait_seconds": "counter", "gpu_waiting_actions": "gauge", "paused_workers": "gauge",
-    "broken_models": "gauge",
+    "broken_models": "gauge", "hints_bounded": "counter",
 }
 WORKER_FAMILIES = {"sandbox_size": "gauge", "sandbox_warm": "gauge", "sandbox_in_use": "gauge",
                    "sandbox_starting": "gauge", "sandbox_starts": "counter", "sandbox_recycled": "counter",
@@ -291,3 +291,30 @@ def test_act_stats_are_bounded_and_exact_where_they_can_be():
     assert set(s.totals()) == {"a", "b", "other"} and s.totals()["b"]["failed"] == 1
     with pytest.raises(ValueError):
         ActStats(window_s=0)
+
+
+def test_an_absurd_hint_is_counted_exported_and_logged(env, caplog):
+    """Eight code runs hinted 0.05 s, then one hinted 1e9 s (milliseconds sent for seconds, say): the policy counts it
+    as far less (docs/scheduling.md, "An absurd hint is bounded"), exports the count per kind, and says so once in
+    the scheduler's log, naming the kind and the hint."""
+    client, plugin, url = env
+    with tangram_dask.action(kind="slip_exec", resource="cpu", units=1, hint_s=0.05):
+        client.gather([client.submit(work, 0.01, pure=False) for _ in range(8)])
+    with caplog.at_level("WARNING", logger="tangram_dask.scheduler"):
+        with tangram_dask.action(kind="slip_exec", resource="cpu", units=1, hint_s=1e9):
+            assert client.submit(work, 0.01, pure=False).result(timeout=30) == 0.01
+        deadline = time.monotonic() + 20
+        while not (got := {s.labels["kind"]: s.value for s in
+                           families(get(f"{url}/metrics").decode())["dask_tangram_hints_bounded"].samples
+                           if s.name.endswith("_total")}).get("slip_exec"):
+            assert time.monotonic() < deadline, got
+            time.sleep(0.3)
+        assert got["slip_exec"] == 1
+        plugin.scheduler.loop.add_callback(plugin._watch_unplaceable)
+        deadline = time.monotonic() + 20
+        while not [r for r in caplog.records if "slip_exec" in r.getMessage()]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    (rec,) = [r for r in caplog.records if "slip_exec" in r.getMessage()]
+    print(rec.getMessage())
+    assert "1e+09 s" in rec.getMessage() and "hints_bounded" in rec.getMessage()

@@ -22,6 +22,8 @@ Scheduler families (all read from :meth:`TangramView.state`):
 - ``dask_tangram_paused_workers``: workers the policy has cordoned (Dask paused them: memory);
   ``dask_tangram_broken_models{model}``: 1 for each model refused after its loader failed ``BROKEN_AFTER`` times
   in a row
+- ``dask_tangram_hints_bounded_total{kind}``: hints the policy counted out of bounds (``hint_bound``: over 6 sd
+  from their kind's; docs/scheduling.md, "An absurd hint is bounded")
 - ``dask_tangram_placements_total``, ``dask_tangram_model_loads_total{model}``,
   ``dask_tangram_model_evictions_total{worker}``, ``dask_tangram_sandbox_cold_starts_total{worker}``
   (the cold starts the policy decided), ``dask_tangram_rejections_total``, ``dask_tangram_errors_total``
@@ -127,6 +129,11 @@ class TangramSchedulerCollector(PrometheusCollector):
         for m in extra.get("broken", ()):
             broken.add_metric([me, m], 1)
         yield broken
+        bounded = CounterMetricFamily(n("hints_bounded"), "Action hints counted out of bounds (far outside their "
+                                      "kind's hints: the code that sends them is likely off)", labels=[*L, "kind"])
+        for k, c in sorted((extra.get("hints_bounded") or {}).items()):
+            bounded.add_metric([me, k], c)
+        yield bounded
 
         c = st["counters"]
         yield _counter(n("placements"), "Actions placed by the policy", L, me, c["placements"])

@@ -511,11 +511,12 @@ class Policy:
 
     def snapshot(self) -> PolicySnapshot:
         reps = tuple((r.model, r.node, r.gpus, r.busy) for r in self.gpu.replicas.values())
-        return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions,
-                              {"rejected": self.rejected, "cordoned": sorted(self.cordoned()),
-                               "broken": sorted(self.broken)},
+        return PolicySnapshot(self.name, tuple(self._pool_stats()), reps, self.decisions, self._snapshot_extra(),
                               tuple(x[1] for x in self.unplaceable.values()),
                               self._admission_waiting(), self._node_stats(), self.gpu_waiting())
+
+    def _snapshot_extra(self) -> dict:
+        return {"rejected": self.rejected, "cordoned": sorted(self.cordoned()), "broken": sorted(self.broken)}
 
     def gpu_waiting(self) -> tuple[tuple[str, str, int], ...]:
         """``(model, reason, actions)`` for each model whose GPU actions wait (``GPU_WAIT_REASONS``); none here."""

@@ -96,17 +96,21 @@ def _robust(xs: list[float], z: float) -> list[float]:
     return [v if abs(v - med) <= d else med for v in xs]
 
 
-def _add_first(w: Welford, buf: list[float] | None, x: float, z: float) -> list[float] | None:
+def _add_first(w: Welford, buf: list[float] | None, x: float, z: float,
+               out: list[tuple[float, float]] | None = None) -> list[float] | None:
     """Add ``x`` to ``w``, one of its first ``MIN_SAMPLES`` values (``buf``, the ones so far). When there are
     ``MIN_SAMPLES``, ``w`` is rebuilt from them as ``_robust`` keeps them: one absurd value among them moves
-    neither their mean nor their spread. Returns the buffer, None once it is spent."""
+    neither their mean nor their spread (each one it replaced goes into ``out``, as (value, counted as)).
+    Returns the buffer, None once it is spent."""
     buf = [x] if buf is None else buf + [x]
     w.add(x)
     if len(buf) < MIN_SAMPLES:
         return buf
     w.n, w.mean, w.m2 = 0, 0.0, 0.0
-    for v in _robust(buf, z):
-        w.add(v)
+    for v, k in zip(buf, _robust(buf, z)):
+        w.add(k)
+        if k != v and out is not None:
+            out.append((v, k))
     return None
 
 
@@ -170,6 +174,12 @@ class Estimator:
         self.from_hints = from_hints
         self.hint_bound = hint_bound
         self.kinds: dict[str, KindStats] = {}
+        #: per kind, the hints counted out of bounds: (how many, the last one given (s), what it counted as (s))
+        self.bounded: dict[str, tuple[int, float, float]] = {}
+
+    def _note(self, kind: str, log_h: float, counted: float) -> None:
+        n = self.bounded.get(kind, (0,))[0]
+        self.bounded[kind] = (n + 1, math.exp(log_h), math.exp(counted))
 
     def _bounded(self, ks: KindStats | None, log_h: float) -> float:
         """``hint_bound``: the hint's log within ``hint_bound`` sd (at least ``HINT_SD_FLOOR``) of the mean of its
@@ -215,10 +225,17 @@ class Estimator:
             ks.hints.add(log_h)
         elif ks.hints.n >= MIN_SAMPLES:
             b = _within(ks.hints, log_h, self.hint_bound)
-            ks.hints.add(log_h if b == log_h else ks.hints.mean)  # an absurd one moves neither mean nor spread
-            log_h = b
+            if b == log_h:
+                ks.hints.add(log_h)
+            else:  # an absurd one moves neither mean nor spread
+                ks.hints.add(ks.hints.mean)
+                self._note(spec.kind, log_h, b)
+                log_h = b
         else:  # one of its first: as given for its own estimate; its kind's figures bound them together at 8
-            ks.first_hints = _add_first(ks.hints, ks.first_hints, log_h, self.hint_bound)
+            out: list[tuple[float, float]] = []
+            ks.first_hints = _add_first(ks.hints, ks.first_hints, log_h, self.hint_bound, out)
+            for v, k in out:
+                self._note(spec.kind, v, k)
             if ks.first_hints is None:
                 log_h = _within(ks.hints, log_h, self.hint_bound)
         return ks, log_h

@@ -468,6 +468,12 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
                     self._ahead_spec[spec.model] = spec
         self._enqueue(aid, spec, est, self.opt.aging * now + est, pool)
 
+    def _snapshot_extra(self) -> dict:
+        out = super()._snapshot_extra()
+        if self.est.bounded:  # kind -> hints counted out of bounds (hint_bound): the user's hints are off
+            out["hints_bounded"] = {k: v[0] for k, v in self.est.bounded.items()}
+        return out
+
     def _units_at_most(self, spec: ActionSpec) -> int:
         """The most units the action could use, which the gate's figures read: ``units.max``, at most what the
         largest node of its resource holds, and at most the size where its unit-seconds double over ``units.min``
