@@ -252,3 +252,15 @@ def test_a_bounded_mean_keeps_an_absurd_value_out_of_its_mean():
             plain.add(x)
         print(where, m.mean, plain.mean)
         assert m.n == plain.n == 40 and 20.0 < m.mean < 30.0 < 1e6 < plain.mean  # the others average 23.2
+
+
+def test_a_kinds_first_eight_hints_are_bounded_together():
+    """The first of a kind's hints is 1e9 s (a slip), the next seven about 10 s: when the 8th comes they are bounded
+    together, and the kind's hint figures read as if the slip were the median (before, it set their mean and
+    spread for good: a later 12 s hint was estimated far off)."""
+    est = Estimator(hint_bound=6.0)
+    for i in range(8):
+        est.issue(make_spec("k", "cpu", 1, hint_s=1e9 if i == 0 else 10.0 * E ** ((i % 3) - 1) / 2))
+    hs = est.kinds["k"].hints
+    print("hints after the 8th:", hs, est.bounded)
+    assert abs(hs.mean - math.log(5.0)) < 1.0 and hs.var < 1.0 and est.bounded["k"][0] == 1

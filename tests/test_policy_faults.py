@@ -622,11 +622,13 @@ def test_a_gpu_action_without_a_speedup_takes_the_smallest_replica():
         assert d.units == want and len(d.gpus) == want
 
 
-def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypatch):
+@pytest.mark.parametrize("which, length", [(5, 1e9), (0, 1e9), (0, 1e-9)])
+def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypatch, which, length):
     """Trajectories begun with expected lengths (``begin_trajectory(expected_s=...)``, long ones admitted first); one
-    says 1e9 s. Its length is bounded as hints are (``hint_bound``): the step of the others on the tight cluster
-    within 2% of the same run's without it (unbounded, as before session 33, it set the mean that long-first
-    admission compares with, and the step was 1.10x)."""
+    says 1e9 s (or 1e-9). Its length is bounded as hints are (``hint_bound``), and left out of the fit that decides
+    whether the expectations are trusted: the step of the others on the tight cluster within 2% of the same run's
+    without it (unbounded, as before session 33, it set the mean that long-first admission compares with, and the
+    step was 1.10x; the first trajectory's, bounded but in the fit, flipped the trust: 1.03x)."""
     import dataclasses
     from pathlib import Path
 
@@ -644,7 +646,7 @@ def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypa
         def one_absurd(g, ideal, sigma):
             h = hints(g, ideal, sigma)
             if bad:
-                h[5] = 1e9
+                h[which] = length
             return h
         monkeypatch.setattr(sim, "trajectory_hints", one_absurd)
         r = sim.Simulator(generate(wl), cl, make_policy("tangram", cl, wl, options=options),
@@ -654,8 +656,8 @@ def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypa
     ratios = {hb: step(TangramOptions(hint_bound=hb), True) / step(TangramOptions(hint_bound=hb), False)
               for hb in (0.0, TangramOptions().hint_bound)}
     print("step with it / without, by hint_bound:", ratios)
-    assert ratios[0.0] > 1.05
-    assert abs(ratios[TangramOptions().hint_bound] - 1.0) < 0.02
+    assert ratios[0.0] > 1.02
+    assert abs(ratios[TangramOptions().hint_bound] - 1.0) < 0.01
 
 
 @pytest.mark.parametrize("pf", [1e-9, 0.3])
@@ -680,3 +682,33 @@ def test_a_wide_units_max_past_what_pays_changes_little(pf):
         steps[umax] = simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")["step_s"]
     print(f"parallel fraction {pf:g}: step with units (1, 2) and (1, 32):", steps)
     assert abs(steps[32] / steps[2] - 1.0) < 0.03
+
+
+def test_a_tiny_hint_does_not_crash_the_policy_when_its_action_ends():
+    """A subnormal hint (5e-324 s, valid: hints are >= 0): its estimate over its run underflowed to 0, and the log of
+    it raised ValueError inside the policy when the action ended (found by a helper's review of session 33)."""
+    pol = policy("tangram", slots=(4,))
+    pol.begin_trajectory("t", 0.0)
+    pol.schedule(0.0)  # admitted
+    pol.submit("a", make_spec("run_tests", "cpu", 1, hint_s=5e-324, trajectory="t"), 0.0)
+    assert [d.action for d in pol.schedule(0.0) if isinstance(d, Start)] == ["a"]
+    pol.finish("a", 12.0, 12.0)
+    assert not pol.running
+
+
+def test_an_absurd_first_hint_leaves_the_gates_figures_when_its_kinds_eighth_comes():
+    """The first test run of a step is hinted 1e6 s and runs on; when its kind's 8th hint comes, the first eight are
+    bounded together (_add_first) and its estimate leaves the gate's turn figures at once (_rebound), not only when
+    it ends (it may run for long)."""
+    pol = policy("tangram", slots=(64,))
+    for i in range(8):
+        pol.begin_trajectory(f"t{i}", 0.0)
+    pol.schedule(0.0)
+    for i in range(8):
+        pol.submit(f"a{i}", make_spec("run_tests", "cpu", 1, hint_s=1e6 if i == 0 else 10.0 + i,
+                                      trajectory=f"t{i}"), float(i))
+        if i == 6:
+            assert pol.turn_time.mean > 1e5  # the absurd one counts until the 8th
+    print("mean action after the 8th:", pol.turn_time.mean, pol.est.bounded)
+    assert pol.turn_time.mean < 20.0 and pol.est.bounded["run_tests"][0] == 1
+    assert pol.traj_work["t0"][3] < 20.0

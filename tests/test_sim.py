@@ -180,15 +180,15 @@ def test_check_fits_ignores_kinds_the_run_never_uses():
 @pytest.mark.parametrize("background", [0.0, 1.0])
 def test_a_replica_wider_than_the_contracts_is_refused_unless_the_policy_says_so(background):
     """WORKLOAD.md: "A replica is loaded on the smallest k >= units.min whose share fits a GPU". A 30 GB
-    model whose calls take 1..2 GPUs, on two idle 80 GB GPUs: tangram with ``wide_replicas`` (opt-in)
-    loads a 2-GPU replica. Declared (``beyond_contract``), the run goes on and the bench names the option;
+    model whose calls take 1..2 GPUs (and run faster on 2), on two idle 80 GB GPUs: tangram with ``wide_replicas``
+    (opt-in) loads a 2-GPU replica. Declared (``beyond_contract``), the run goes on and the bench names the option;
     with the declaration taken away, the simulator stops at that load, naming the rule and the size.
     (The policy starts with nothing resident, so that the first call loads.)"""
     from tangram_dask.bench import simulate as bench_simulate
     from tangram_dask.policy import TangramOptions, TangramPolicy
     from tangram_dask.sim import AuditError
 
-    spec = make_workload([kind("tool")], [kind("prm", "gpu", dur=1.0, model="prm", units=(1, 2))],
+    spec = make_workload([kind("tool")], [kind("prm", "gpu", dur=1.0, model="prm", units=(1, 2), p=0.5)],
                          models={"prm": {"gpu_memory_gb": 30, "load_s": 5}})
     gen = hand_run(spec, [[(1.0, "tool", 1.0), (0.0, "prm", 1.0)]])
     cl = make_cluster(cpu=[{"slots": 1}], gpu=[{"gpus": 2, "gpu_memory_gb": 80, "groups": [2]}])

@@ -83,6 +83,7 @@ class KindStats:
     # (hint_bound) the first MIN_SAMPLES hint logs and hint errors, kept until they are bounded together
     first_hints: list[float] | None = None
     first_errors: list[float] | None = None
+    first_tags: list | None = None  # what the caller tagged each of the first hints with (issue's tag)
 
 
 def _robust(xs: list[float], z: float) -> list[float]:
@@ -97,20 +98,20 @@ def _robust(xs: list[float], z: float) -> list[float]:
 
 
 def _add_first(w: Welford, buf: list[float] | None, x: float, z: float,
-               out: list[tuple[float, float]] | None = None) -> list[float] | None:
+               out: list[tuple[int, float, float]] | None = None) -> list[float] | None:
     """Add ``x`` to ``w``, one of its first ``MIN_SAMPLES`` values (``buf``, the ones so far). When there are
     ``MIN_SAMPLES``, ``w`` is rebuilt from them as ``_robust`` keeps them: one absurd value among them moves
-    neither their mean nor their spread (each one it replaced goes into ``out``, as (value, counted as)).
-    Returns the buffer, None once it is spent."""
+    neither their mean nor their spread (each one it replaced goes into ``out``, as (its place, value,
+    counted as)). Returns the buffer, None once it is spent."""
     buf = [x] if buf is None else buf + [x]
     w.add(x)
     if len(buf) < MIN_SAMPLES:
         return buf
     w.n, w.mean, w.m2 = 0, 0.0, 0.0
-    for v, k in zip(buf, _robust(buf, z)):
+    for i, (v, k) in enumerate(zip(buf, _robust(buf, z))):
         w.add(k)
         if k != v and out is not None:
-            out.append((v, k))
+            out.append((i, v, k))
     return None
 
 
@@ -132,6 +133,13 @@ class BoundedMean:
     @property
     def mean(self) -> float:
         return self.total / self.n if self.n else 0.0
+
+    def within(self, x: float) -> bool:
+        """``x`` is within bounds of the values given (as :meth:`add` would count it), or too few were given."""
+        if not self.z or not x > 0.0 or self.logs.n < MIN_SAMPLES or self._first is not None:
+            return True
+        lx = math.log(x)
+        return _within(self.logs, lx, self.z) == lx
 
     def add(self, x: float) -> float:
         self.n += 1
@@ -176,6 +184,19 @@ class Estimator:
         self.kinds: dict[str, KindStats] = {}
         #: per kind, the hints counted out of bounds: (how many, the last one given (s), what it counted as (s))
         self.bounded: dict[str, tuple[int, float, float]] = {}
+        #: (tag, its estimate now) for each of a kind's first hints found out of bounds when its 8th came: the
+        #: caller (the policy) takes them out after each ``issue`` and puts the new estimate where it counted
+        #: the old one
+        self.rebounded: list[tuple[object, float]] = []
+
+    def error_sd(self, spec: ActionSpec) -> float:
+        """The sd (log) of its kind's hint errors once 8 were measured; at least ``HINT_SD_FLOOR``."""
+        ks = self.kinds.get(spec.kind)
+        w = ks.error if ks is not None else None
+        if w is None or w.n < MIN_SAMPLES or w.m2 <= 0.0:
+            return HINT_SD_FLOOR
+        sd = math.sqrt(w.m2 / (w.n - 1))
+        return sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR
 
     def _note(self, kind: str, log_h: float, counted: float) -> None:
         n = self.bounded.get(kind, (0,))[0]
@@ -199,10 +220,10 @@ class Estimator:
         """An action was issued: its hint (all of them, long ones included, unlike what finished)."""
         self._record_hint(spec)
 
-    def issue(self, spec: ActionSpec) -> float:
+    def issue(self, spec: ActionSpec, tag: object = None) -> float:
         """``issued(spec)`` then ``expected(spec)``, in one call (one lookup, one log of the hint): the
-        policy does both for every action it is given."""
-        ks, log_h = self._record_hint(spec)
+        policy does both for every action it is given. ``tag``: what :attr:`rebounded` names it by."""
+        ks, log_h = self._record_hint(spec, tag)
         h = spec.hint_s
         if ks is None or ks.work.n < MIN_SAMPLES:
             if log_h is not None and self.hint_bound:
@@ -210,7 +231,7 @@ class Estimator:
             return h if h else self.default_s
         return self._posterior(ks, h, log_h)
 
-    def _record_hint(self, spec: ActionSpec) -> tuple[KindStats | None, float | None]:
+    def _record_hint(self, spec: ActionSpec, tag: object = None) -> tuple[KindStats | None, float | None]:
         """Record the hint's log (if it has one and hints are used): the kind's stats, and that log."""
         h = spec.hint_s
         ks = self.kinds.get(spec.kind)
@@ -232,11 +253,16 @@ class Estimator:
                 self._note(spec.kind, log_h, b)
                 log_h = b
         else:  # one of its first: as given for its own estimate; its kind's figures bound them together at 8
-            out: list[tuple[float, float]] = []
+            out: list[tuple[int, float, float]] = []
+            ks.first_tags = [tag] if ks.first_tags is None else ks.first_tags + [tag]
             ks.first_hints = _add_first(ks.hints, ks.first_hints, log_h, self.hint_bound, out)
-            for v, k in out:
-                self._note(spec.kind, v, k)
             if ks.first_hints is None:
+                tags, ks.first_tags = ks.first_tags, None
+                for i, v, k in out:
+                    self._note(spec.kind, v, k)
+                    if i < len(tags) - 1 and tags[i] is not None:  # (not this one: its estimate reads the bound)
+                        e = math.exp(k) if ks.work.n < MIN_SAMPLES else self._posterior(ks, math.exp(k), k)
+                        self.rebounded.append((tags[i], e))
                 log_h = _within(ks.hints, log_h, self.hint_bound)
         return ks, log_h
 

@@ -69,8 +69,8 @@ class TangramOptions:
                                 # admission_api x the tokens (0: neither)
     admission_api: float = 0.6  # (with admission_gpu) the API term's target (0: admission_gpu's); where the cluster
                                 # leans to GPUs, admission_gpu_lean's
-    turn_runs: float = 8.0      # >0 (with gate_runs): a finished action's run replaces its estimate in the turn figures
-                                # where the two differ by over e^this (an absurd hint among its kind's first 8)
+    turn_runs: float = 6.0      # >0 (with gate_runs): a finished action's run replaces its estimate in the turn figures
+                                # where the two differ by over this x its kind's hint error sd, at least 1 (in log)
     gate_runs: float = 1.0      # 1: an ended trajectory's demand in the gate is what its actions took (their run
                                 # times, normalised as the estimator's), not what was expected of them at issue (the
                                 # first of each kind are raw hints, exp(sigma^2 / 2) high on average: 1.65x at hint
@@ -367,7 +367,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.traj_n += 1
             self.traj_sum += now - t0
         expected = self._hinted.pop(trajectory, None) if self._hinted else None
-        if expected is not None and t0 is not None and self.opt.long_trust and now > t0 and expected > 0:
+        if (expected is not None and t0 is not None and self.opt.long_trust and now > t0 and expected > 0
+                and self._expected.within(expected)):  # (one absurd expectation is no measure of the others')
             c = self._hint_fit
             c.add(math.log(expected), math.log(now - t0))
             if c.n >= 8:
@@ -410,7 +411,11 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             est = self.est.expected(spec)
             self._enqueue(aid, spec, est, self.opt.aging * min(issued_at, now) + est)
             return
-        est = self.est.issue(spec)  # its hint recorded, then its expected work
+        # its hint recorded, then its expected work (tagged, for _rebound, where the gate's figures count it)
+        est = self.est.issue(spec, (aid, spec) if traj is not None and self.opt.admission and self.opt.gate_runs
+                             else None)
+        if self.est.rebounded:
+            self._rebound()
         if traj is not None and self.opt.admission:
             self._limit_dirty = True
             if self._gpu_last:
@@ -537,33 +542,57 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         """``gate_runs``: an action of a trajectory in flight finished; in its trajectory's figures (``traj_work``)
         what it took (``work``, on units.min) replaces what was expected of it at issue. With ``turn_runs``, in
         the figures of every action issued too (``turn_time``, ``turn_units``, ``model_work``, ``cpu_at_max``),
-        where the estimate was off by over ``e^turn_runs`` (2,981x): an absurd hint among the first of its kind,
-        before ``hint_bound`` has 8 to bound it by, stayed there for the rest of the run, and one made the tight
-        file's step up to 1.42x the same run's without it (before session 33). Not every estimate: replacing all
-        of them cost ACT/ideal 0.005-0.031 on five of seven families (``reseed.py --k 12``), since the first
-        actions to finish are the short ones; at e^6 (403x) the hints of ``tail-h2.0`` (sigma 2) reached it, and
-        its ACT/ideal went 1.299 -> 1.325."""
-        t_est, u, k, est, f = issued
-        t_run = work * spec.scale(u)
+        where the estimate was off by over ``turn_runs`` times the sd of its kind's hint errors (in log; at least 1:
+        403x at 6): one absurd hint stayed there for the rest of the run, and one made the tight file's step up to
+        1.42x the same run's without it (before session 33). Not every estimate: replacing all of them cost
+        ACT/ideal 0.005-0.031 on five of seven families (``reseed.py --k 12``), since the first actions to finish
+        are the short ones. At a fixed e^8 a hint 2,000-3,000x its run got through (the step 1.12x); with the
+        spread of the hints rather than of their errors, too (hints of 1.4 sd: over 8.5 in log)."""
+        t_est = issued[0]
+        t_run = work * spec.scale(issued[1])
         z = self.opt.turn_runs
-        if z and t_est > 0 and t_run > 0 and abs(math.log(t_est / t_run)) > z:
-            self.turn_time.replace(t_est, t_run)
-            res = spec.resource
-            self.turn_units[res] += (t_run - t_est) * u
+        turn = bool(z and t_est > 0 and t_run > 0
+                    and abs(math.log(t_est) - math.log(t_run)) > z * self.est.error_sd(spec))
+        self._reestimated(traj, spec, issued, work, t_run, turn)
+
+    def _reestimated(self, traj: str | None, spec: ActionSpec, issued: tuple[float, int, float, float, float],
+                     work: float, t_new: float, turn: bool) -> None:
+        """What ``issued`` counted for an action (its seconds ``t_est`` on its ``u`` units, its work ``est`` on
+        units.min) is ``t_new`` and ``work`` now: in its trajectory's figures, and (``turn``) in the turn figures."""
+        t_est, u, k, est, f = issued
+        d = t_new - t_est
+        res = spec.resource
+        if turn:
+            self.turn_time.replace(t_est, t_new)
+            self.turn_units[res] += d * u
             if res == "gpu":
-                self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + t_run - t_est
+                self.model_work[spec.model] = self.model_work.get(spec.model, 0.0) + d
             elif f:
                 self.cpu_at_max += (work - est) * f
             self._limit_dirty = True
         acc = self.traj_work.get(traj)
         if acc is None:
             return
-        d = t_run - t_est
-        acc[_RES[spec.resource]] += d * u
+        acc[_RES[res]] += d * u
         acc[3] += d
         if acc[4] == k:  # its trajectory's last action so far
-            acc[5] = t_run * u if spec.resource == "api" else 0.0
-            acc[6] = t_run
+            acc[5] = t_new * u if res == "api" else 0.0
+            acc[6] = t_new
+
+    def _rebound(self) -> None:
+        """``hint_bound``: actions whose hints, among the first of their kind, were found out of bounds when its
+        8th came (``Estimator.rebounded``): while they run, their estimate from the bounded hint replaces the old
+        one wherever it counted (once they end, their runs do). A hint 2,000-3,000x its run, among the first of
+        its kind, stayed in the gate's figures otherwise (the tight file's step 1.12x)."""
+        items, self.est.rebounded = self.est.rebounded, []
+        for (aid, spec), e in items:
+            w = self._issued_work.get(spec.trajectory)
+            issued = w.get(aid) if w else None
+            if issued is None:
+                continue
+            t_new = e * spec.scale(issued[1])
+            self._reestimated(spec.trajectory, spec, issued, e, t_new, True)
+            w[aid] = (t_new, issued[1], issued[2], e, issued[4])
 
     def cancel(self, aid: ActionId, now: float = 0.0) -> bool:
         r = self.running.get(aid)
