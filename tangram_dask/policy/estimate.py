@@ -168,10 +168,16 @@ class BoundedMean:
 
 
 def _within(w: Welford, x: float, z: float) -> float:
-    """``x`` within ``z`` sd (at least ``HINT_SD_FLOOR``) of the mean of ``w`` (2 or more values)."""
-    sd = math.sqrt(w.m2 / (w.n - 1)) if w.m2 > 0 else 0.0
-    d = z * (sd if sd > HINT_SD_FLOOR else HINT_SD_FLOOR)
-    return w.mean - d if x < w.mean - d else w.mean + d if x > w.mean + d else x
+    """``x`` within ``z`` sd (at least ``HINT_SD_FLOOR``) of the mean of ``w`` (2 or more values). Once per
+    action issued: the square root only for a value out of bounds."""
+    dx = x - w.mean
+    var = w.m2 / (w.n - 1)
+    if var < HINT_SD_FLOOR * HINT_SD_FLOOR:
+        var = HINT_SD_FLOOR * HINT_SD_FLOOR
+    if dx * dx <= z * z * var:
+        return x
+    d = z * math.sqrt(var)
+    return w.mean + d if dx > 0 else w.mean - d
 
 
 class Estimator:

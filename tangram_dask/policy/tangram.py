@@ -263,6 +263,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         # ordinal there); when it finishes, its run time takes the estimate's place. A cancelled action's entry
         # stays (it may come back unrun, submit(issued_at=...), and run) until its trajectory ends
         self._issued_work: dict[str, dict[ActionId, tuple[float, int, float, float, float]]] = {}
+        z = self.opt.turn_runs  # (_ran: estimate / run within these is never far enough off, whatever the sd)
+        self._turn_near = (math.exp(-z), math.exp(z)) if z else None
         self._binds = -1  # the resource that set the learned admission limit: 0 CPU, 1 GPUs, 2 API, -1 none
         self.ended_work = [0.0] * 7  # traj_work's seven figures, summed over the ended trajectories
         self.ended_n = 0
@@ -550,9 +552,10 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         spread of the hints rather than of their errors, too (hints of 1.4 sd: over 8.5 in log)."""
         t_est = issued[0]
         t_run = work * spec.scale(issued[1])
-        z = self.opt.turn_runs
-        turn = bool(z and t_est > 0 and t_run > 0
-                    and abs(math.log(t_est) - math.log(t_run)) > z * self.est.error_sd(spec))
+        turn = False
+        if self._turn_near and t_est > 0 and t_run > 0 and not (
+                self._turn_near[0] <= t_est / t_run <= self._turn_near[1]):  # within e^z: no log, no sd (the most)
+            turn = abs(math.log(t_est) - math.log(t_run)) > self.opt.turn_runs * self.est.error_sd(spec)
         self._reestimated(traj, spec, issued, work, t_run, turn)
 
     def _reestimated(self, traj: str | None, spec: ActionSpec, issued: tuple[float, int, float, float, float],
