@@ -712,3 +712,54 @@ def test_an_absurd_first_hint_leaves_the_gates_figures_when_its_kinds_eighth_com
     print("mean action after the 8th:", pol.turn_time.mean, pol.est.bounded)
     assert pol.turn_time.mean < 20.0 and pol.est.bounded["run_tests"][0] == 1
     assert pol.traj_work["t0"][3] < 20.0
+
+
+def test_turn_runs_takes_an_absurd_estimate_out_also_with_hint_bound_off():
+    """With hint_bound=0 the absurd action's own hint error was learned before turn_runs' test read the kind's
+    error spread, which it then widened past itself: an absurd estimate stayed in the gate's figures (found by a
+    helper's review of session 33). 16 test runs hinted about 10 s end first, then one hinted 1e6 s runs 10 s."""
+    pol = policy("tangram", slots=(64,), options=TangramOptions(hint_bound=0.0))
+    for i in range(18):
+        pol.begin_trajectory(f"t{i}", 0.0)
+    pol.schedule(0.0)
+    now = 0.0
+    for i in range(16):
+        pol.submit(f"a{i}", make_spec("run_tests", "cpu", 1, hint_s=10.0 * (1.1 if i % 2 else 0.9),
+                                      trajectory=f"t{i}"), now)
+        pol.schedule(now)
+        now += 10.0
+        pol.finish(f"a{i}", now, 10.0)
+    pol.submit("bad", make_spec("run_tests", "cpu", 1, hint_s=1e6, trajectory="t16"), now)
+    pol.schedule(now)
+    assert pol.turn_time.mean > 1e4
+    pol.finish("bad", now + 10.0, 10.0)
+    print("mean action after it ended:", pol.turn_time.mean)
+    assert pol.turn_time.mean < 20.0
+
+
+@pytest.mark.parametrize("bad_ends_first", [True, False])
+def test_an_absurd_expected_length_stays_out_of_the_trust_fit_whenever_its_trajectory_ends(bad_ends_first):
+    """Ten trajectories begun with expected lengths near their true ones, one with 1e9 s: whether it ends before
+    or after the 8th expectation has come (and bounds exist), the fit that decides the trust leaves it out (found
+    by a helper's review of session 33: ended first, it went in, and the trust was off)."""
+    pol = policy("tangram", slots=(64,))
+    lengths = {f"t{i}": 10.0 * (i + 1) for i in range(9)}
+
+    def begin(t, x):
+        pol.begin_trajectory(t, 0.0, expected_s=x)
+        pol.schedule(0.0)  # admitted
+        pol.submit(f"{t}-a", make_spec("tool", "cpu", 1, hint_s=1.0, trajectory=t), 0.0)  # its start: its first action
+        pol.schedule(0.0)
+        pol.finish(f"{t}-a", 1.0, 1.0)
+
+    begin("bad", 1e9)
+    if bad_ends_first:
+        pol.end_trajectory("bad", 50.0)
+    for t, x in lengths.items():
+        begin(t, x)
+    for t, x in lengths.items():
+        pol.end_trajectory(t, x)
+    if not bad_ends_first:
+        pol.end_trajectory("bad", 50.0)
+    print("fit:", pol._hint_fit.n, pol._hint_fit.corr())
+    assert pol._hint_fit.n == 9 and pol._hint_fit.corr() > 0.99

@@ -134,9 +134,13 @@ class BoundedMean:
     def mean(self) -> float:
         return self.total / self.n if self.n else 0.0
 
+    def bounded(self) -> bool:
+        """Bounds exist: ``MIN_SAMPLES`` values were given (or ``z`` is 0, and every value is within)."""
+        return not self.z or self._first is None
+
     def within(self, x: float) -> bool:
         """``x`` is within bounds of the values given (as :meth:`add` would count it), or too few were given."""
-        if not self.z or not x > 0.0 or self.logs.n < MIN_SAMPLES or self._first is not None:
+        if not self.z or not x > 0.0 or self._first is not None:
             return True
         lx = math.log(x)
         return _within(self.logs, lx, self.z) == lx

@@ -243,6 +243,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self._expected = BoundedMean(self.opt.hint_bound)  # admit_long: the expected lengths given (seconds)
         self._hinted: dict[str, float] = {}  # admit_long: trajectory -> its expected length, until it ends
         self._hint_fit = Covariance()  # admit_long: log expected vs log measured length of those that ended
+        self._fit_held: list[tuple[float, float]] = []  # (expected, measured) held until expectations are bounded
         self._opt0 = self.opt  # the options given (admit_long's long_model in; its other targets while trusted)
         self.admitted: set[str] = set()  # admitted through the gate and not yet ended
         self.gaps = Welford()       # LLM gap: from a trajectory's admission or last action's end to its next action
@@ -369,12 +370,16 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self.traj_n += 1
             self.traj_sum += now - t0
         expected = self._hinted.pop(trajectory, None) if self._hinted else None
-        if (expected is not None and t0 is not None and self.opt.long_trust and now > t0 and expected > 0
-                and self._expected.within(expected)):  # (one absurd expectation is no measure of the others')
-            c = self._hint_fit
-            c.add(math.log(expected), math.log(now - t0))
-            if c.n >= 8:
-                self._trust(c.corr() >= self.opt.long_trust)
+        if expected is not None and t0 is not None and self.opt.long_trust and now > t0 and expected > 0:
+            self._fit_held.append((expected, now - t0))
+            if self._expected.bounded():  # (one absurd expectation is no measure of the others')
+                c = self._hint_fit
+                for x, y in self._fit_held:
+                    if self._expected.within(x):
+                        c.add(math.log(x), math.log(y))
+                self._fit_held.clear()
+                if c.n >= 8:
+                    self._trust(c.corr() >= self.opt.long_trust)
 
     def _trust(self, on: bool) -> None:
         """``admit_long``: the gate's targets for long-first admission (``long_knee``, ``long_gpu_lean``) while
@@ -535,9 +540,9 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         if run_s is not None and run_s > 0:
             u, m = r.units, spec.units_max
             work = run_s / spec.scale(u if u < m else m)  # min(u, m)
-            self.est.observe(spec, work)
-            if issued is not None:
+            if issued is not None:  # (before its own error is learned: with hint_bound=0 it would widen the test)
                 self._ran(traj, spec, work, issued)
+            self.est.observe(spec, work)
 
     def _ran(self, traj: str | None, spec: ActionSpec, work: float,
              issued: tuple[float, int, float, float, float]) -> None:
