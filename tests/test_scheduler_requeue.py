@@ -280,3 +280,23 @@ def test_live_an_action_whose_input_is_lost_with_a_worker_is_counted_once(tmp_pa
         assert b.result(timeout=60) == 4 and all(h.result(timeout=60) for h in holds)
         pol, dash = _counts(client, plugin)
         assert pol["hold"] == 2 and pol["dep"] == 1 and dash["dep"] == 1
+
+
+def test_fifo_puts_an_action_back_unrun_before_those_waiting():
+    """fifo: x0 was granted, then its worker left before it ran; x1 waits. x0 comes back first (before session 33 it
+    went to the back; found by a helper's review)."""
+    from tangram_dask.cluster import ClusterSpec
+    from tangram_dask.policy import FifoPolicy
+
+    pol = FifoPolicy(ClusterSpec("t"), {}, ())
+    pol.add_cpu_node(CpuNode("a", 1))
+    pol.add_cpu_node(CpuNode("b", 1))
+    spec = make_spec("tool", "cpu", 1, hint_s=1.0)
+    pol.submit("x0", spec, 0.0)
+    pol.submit("y", spec, 0.0)
+    starts = {d.action: d.node for d in pol.schedule(0.0)}
+    pol.submit("x1", spec, 0.5)
+    for aid in pol.remove_node(starts["x0"]):
+        pol.submit(aid, spec, 1.0, issued_at=0.0)
+    pol.finish("y", 2.0, 2.0)
+    assert [d.action for d in pol.schedule(2.0)] == ["x0"]

@@ -8,6 +8,8 @@ reward models loaded on demand with LRU eviction.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from ..spec import ActionSpec
 from .base import Policy
 from .types import ActionId, Decision
@@ -18,10 +20,14 @@ class FifoPolicy(Policy):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.waiting: dict[str, dict[ActionId, ActionSpec]] = {"cpu": {}, "api": {}, "gpu": {}}
+        self.waiting: dict[str, OrderedDict[ActionId, ActionSpec]] = {
+            "cpu": OrderedDict(), "api": OrderedDict(), "gpu": OrderedDict()}
 
     def _submit(self, aid: ActionId, spec: ActionSpec, now: float, issued_at: float | None = None) -> None:
-        self.waiting[spec.resource][aid] = spec
+        q = self.waiting[spec.resource]
+        q[aid] = spec
+        if issued_at is not None:  # back unrun (its worker left or paused first): it came before those waiting
+            q.move_to_end(aid, last=False)
 
     def _queued_specs(self) -> list[tuple[ActionId, ActionSpec]]:
         return [item for q in self.waiting.values() for item in q.items()]
