@@ -157,6 +157,20 @@ def simulate(gen: Generated | WorkloadSpec, cluster: ClusterSpec, policy: str, *
 
 
 # -- hand-made cases shared by several policies' tests -------------------------------------------
+def standard_on_tight(trajectories: int = 128) -> tuple[WorkloadSpec, ClusterSpec]:
+    """The standard workload file with ``trajectories`` on the tight cluster file: the bad-input tests' run, in
+    which one action or trajectory is changed and the others' step compared with the same run's without it."""
+    import dataclasses
+    from pathlib import Path
+
+    from tangram_dask.cluster import load_cluster
+    from tangram_dask.workload import load_workload
+
+    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
+    return (dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=trajectories),
+            load_cluster(root / "cluster-tight.yaml"))
+
+
 def lru_case() -> tuple[Generated, ClusterSpec]:
     """One 80 GB GPU, three 40 GB models (two fit at once), A resident at t = 0 (most demand).
 

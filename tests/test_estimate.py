@@ -13,10 +13,10 @@ hint ``h`` is ``exp(post_mu + post_var / 2)`` with
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
+from conftest import standard_on_tight
 from tangram_dask.policy.estimate import MIN_SAMPLES, Estimator, Welford
 from tangram_dask.spec import make_spec
 
@@ -204,19 +204,15 @@ def _absurd_hint_runs(kind: str, nth: int, hint: float, **opts) -> float:
     """The standard workload's 128 trajectories on the tight cluster, simulated with and without one absurd hint
     on the ``nth`` action of ``kind`` to be issued (its true duration unchanged): the step with it over the step
     without, both under the options ``opts``."""
-    import dataclasses
 
     import numpy as np
 
     from tangram_dask.bench import simulate
-    from tangram_dask.cluster import load_cluster
     from tangram_dask.policy import TangramOptions, make_policy
     from tangram_dask.sim import Simulator
-    from tangram_dask.workload import generate, load_workload
+    from tangram_dask.workload import generate
 
-    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
-    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
-    cl = load_cluster(root / "cluster-tight.yaml")
+    wl, cl = standard_on_tight()
     options = TangramOptions(**opts)
     gen = generate(wl)
     res = Simulator(gen, cl, make_policy("tangram", cl, wl, options=options)).run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import standard_on_tight
 from tangram_dask import make_spec
 from tangram_dask.cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from tangram_dask.policy import FifoPolicy, TangramOptions, TangramPolicy
@@ -564,15 +565,11 @@ def test_one_action_asking_a_million_units_does_not_slow_the_step_of_the_others(
     was 5.4x the same run's without it on the whole tight file. Now units.max counts at most the largest node's
     slots, and the step is within 2%."""
     import dataclasses
-    from pathlib import Path
 
     from tangram_dask.bench import simulate
-    from tangram_dask.cluster import load_cluster
-    from tangram_dask.workload import generate, load_workload
+    from tangram_dask.workload import generate
 
-    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
-    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
-    cl = load_cluster(root / "cluster-tight.yaml")
+    wl, cl = standard_on_tight()
     base = simulate(generate(wl), cl, "tangram")
     wide = dataclasses.replace(wl.tools[1], kind="run_tests_wide", weight=0.0, units_max=10**6)
     gen = generate(wl)
@@ -584,26 +581,25 @@ def test_one_action_asking_a_million_units_does_not_slow_the_step_of_the_others(
     assert abs(r["step_s"] / base["step_s"] - 1.0) < 0.02
 
 
+def _code_runs(units_max: int, pf: float) -> dict:
+    """The bad-input run (``standard_on_tight``) with its code runs declared ``units=(1, units_max)`` and a parallel
+    fraction ``pf``: tangram's figures."""
+    import dataclasses
+
+    from tangram_dask.bench import simulate
+    from tangram_dask.workload import generate
+
+    wl, cl = standard_on_tight()
+    tools = list(wl.tools)
+    tools[0] = dataclasses.replace(tools[0], units_max=units_max, parallel_fraction=pf)
+    return simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")
+
+
 def test_units_declared_without_a_speedup_change_nothing():
     """``units=(1, 32)`` with no parallel fraction is ``units=1``: more units would not speed it up, and it is
     always sized units.min. The gate read it at 32 units: on the tight file the code runs declared so made the
     step 2.4x that of the same runs declared ``units=1`` (before session 33); now the runs are the same."""
-    import dataclasses
-    from pathlib import Path
-
-    from tangram_dask.bench import simulate
-    from tangram_dask.cluster import load_cluster
-    from tangram_dask.workload import generate, load_workload
-
-    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
-    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
-    cl = load_cluster(root / "cluster-tight.yaml")
-    runs = {}
-    for umax in (1, 32):
-        tools = list(wl.tools)
-        tools[0] = dataclasses.replace(tools[0], units_max=umax, parallel_fraction=0.0)
-        r = simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")
-        runs[umax] = (r["act_mean_s"], r["step_s"])
+    runs = {umax: (r["act_mean_s"], r["step_s"]) for umax in (1, 32) for r in [_code_runs(umax, 0.0)]}
     print("code runs without a speedup, units (1, max): max -> (ACT, step)", runs)
     assert runs[32] == runs[1]
 
@@ -629,17 +625,12 @@ def test_one_trajectory_expected_to_last_1e9_s_does_not_slow_the_others(monkeypa
     whether the expectations are trusted: the step of the others on the tight cluster within 2% of the same run's
     without it (unbounded, as before session 33, it set the mean that long-first admission compares with, and the
     step was 1.10x; the first trajectory's, bounded but in the fit, flipped the trust: 1.03x)."""
-    import dataclasses
-    from pathlib import Path
 
     import tangram_dask.sim as sim
-    from tangram_dask.cluster import load_cluster
     from tangram_dask.policy import make_policy
-    from tangram_dask.workload import generate, load_workload
+    from tangram_dask.workload import generate
 
-    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
-    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
-    cl = load_cluster(root / "cluster-tight.yaml")
+    wl, cl = standard_on_tight()
     hints = sim.trajectory_hints
 
     def step(options, bad):
@@ -665,21 +656,7 @@ def test_a_wide_units_max_past_what_pays_changes_little(pf):
     """Code runs with a small parallel fraction declared ``units=(1, 32)`` rather than ``(1, 2)``: the sizing rule never
     gives them more than about 2 (past it their unit-seconds double), and the gate counts them there. Before
     session 33 it counted 32 each: at 0.3 the step was 558 s against 357 s, at 1e-9 665 against 363."""
-    import dataclasses
-    from pathlib import Path
-
-    from tangram_dask.bench import simulate
-    from tangram_dask.cluster import load_cluster
-    from tangram_dask.workload import generate, load_workload
-
-    root = Path(__file__).resolve().parents[1] / "resources" / "bench"
-    wl = dataclasses.replace(load_workload(root / "standard.yaml"), trajectories=128)
-    cl = load_cluster(root / "cluster-tight.yaml")
-    steps = {}
-    for umax in (2, 32):
-        tools = list(wl.tools)
-        tools[0] = dataclasses.replace(tools[0], units_max=umax, parallel_fraction=pf)
-        steps[umax] = simulate(generate(dataclasses.replace(wl, tools=tuple(tools))), cl, "tangram")["step_s"]
+    steps = {umax: _code_runs(umax, pf)["step_s"] for umax in (2, 32)}
     print(f"parallel fraction {pf:g}: step with units (1, 2) and (1, 32):", steps)
     assert abs(steps[32] / steps[2] - 1.0) < 0.03
 
