@@ -590,8 +590,8 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
     def _rebound(self) -> None:
         """``hint_bound``: actions whose hints, among the first of their kind, were found out of bounds when its
         8th came (``Estimator.rebounded``): while they run, their estimate from the bounded hint replaces the old
-        one wherever it counted (once they end, their runs do). A hint 2,000-3,000x its run, among the first of
-        its kind, stayed in the gate's figures otherwise (the tight file's step 1.12x)."""
+        one wherever it counted (once they end, ``_ran`` puts their runs there). Without it, an absurd hint among
+        the first of its kind counts there for as long as its action runs."""
         items, self.est.rebounded = self.est.rebounded, []
         for (aid, spec), e in items:
             w = self._issued_work.get(spec.trajectory)
