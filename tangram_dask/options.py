@@ -61,6 +61,7 @@ class PluginOptions:
     cross_group_slowdown: float = 1.0
     trajectory_ttl_s: float = 3600.0
     wait_for_capacity: bool = False
+    lost_wait_s: float = 300.0
     policy_options: Mapping[str, float] = field(default_factory=dict)
     tangram: TangramOptions | None = None
 

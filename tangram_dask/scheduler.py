@@ -281,7 +281,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
                               warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
         ttl = o.trajectory_ttl_s or None
-        kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity}
+        kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity, "lost_wait_s": o.lost_wait_s}
         if o.policy == "tangram":
             return TangramPolicy(cluster, dict(o.models), (), options=o.tangram, **kw)
         return FifoPolicy(cluster, dict(o.models), (), **kw)
@@ -328,6 +328,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         this a rollout waits in silence (the demo on the H200, whose sandbox workers had joined as GPU nodes)."""
         waiting = getattr(self.policy, "unplaceable", None) or {}
         now = self.now()
+        if getattr(self.policy, "lost_since", None) is not None:  # a worker left: when its wait ends, a pass says so
+            self._kick()
         old: dict[str, list[str]] = {}
         cpu: set[str] = set()
         for spec, sf, t, _ in waiting.values():

@@ -9,8 +9,8 @@ what the case expects. What is checked, for ``tangram`` and ``fifo`` alike:
 - with ``wait_unplaceable`` it waits, listed in the snapshot, until a node
   that can hold it joins;
 - before any node of its kind has joined, it waits (it may just be early);
-- a node leaving turns queued actions that no longer fit anywhere into
-  rejections;
+- a node leaving makes the actions only it could hold wait for one like it
+  (``lost_wait_s``), and rejections once that time passes with none back;
 - an exception inside one decision rejects that one action and leaves every
   counter as it was;
 - dispatch-ahead units never change an action's size.
@@ -162,17 +162,80 @@ def test_an_action_that_waited_for_the_first_node_is_rejected_when_that_node_can
     assert pol.snapshot().unplaceable == ()
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_a_node_leaving_rejects_queued_actions_no_other_node_can_hold(name):
-    pol = policy(name, (2, 8))
-    for i in range(8):
+def _wide_behind_a_node_that_leaves(name, **kw):
+    """Nodes of 2 and 8 slots; "wide" (6 slots) queued behind 8 busy actions; then the 8-slot node leaves
+    (its 8 actions, lost, come back unrun as a live plugin resubmits them)."""
+    pol = policy(name, (2, 8), **kw)
+    for i in range(10):
         pol.submit(f"busy{i}", cpu(1), 0.0)
-    pol.schedule(0.0)
+    starts, _ = by_class(pol.schedule(0.0))
     pol.submit("wide", cpu(6), 0.0)  # fits only the 8-slot node, busy for now
     pol.schedule(0.0)
-    pol.remove_node("n1")
+    lost = pol.remove_node("n1")
+    assert len(lost) == 8
+    for aid in lost:
+        pol.submit(aid, cpu(1), 1.0, issued_at=0.0)
+    return pol
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_node_leaving_makes_what_only_it_could_hold_wait_for_one_like_it(name):
+    """A worker dies and its nanny restarts it: the queued action only it could hold, and one of that size
+    submitted meanwhile, wait (listed as unplaceable) and start on the node that comes back. Before session
+    34 both were rejected at once, so a worker's restart failed every action of its size for good."""
+    pol = _wide_behind_a_node_that_leaves(name)
+    pol.submit("wide2", cpu(5), 1.0)
+    starts, rejects = by_class(pol.schedule(1.0))
+    assert not rejects
+    assert sorted(sf.requested for sf in pol.snapshot().unplaceable) == [5, 6]
+    assert pol.lost_since == 1.0
+    pol.add_cpu_node(CpuNode("n1b", 16))  # (a larger one: room for the 8 lost actions and "wide")
+    assert pol.lost_since is None and pol.snapshot().unplaceable == ()
+    starts, rejects = by_class(pol.schedule(2.0))
+    assert not rejects and starts["wide"].node == "n1b" and "wide2" not in starts
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_what_only_a_node_that_left_could_hold_is_rejected_once_lost_wait_s_passes(name):
+    pol = _wide_behind_a_node_that_leaves(name, lost_wait_s=60.0)
+    assert not by_class(pol.schedule(1.0))[1]
+    assert not by_class(pol.schedule(60.9))[1] and len(pol.snapshot().unplaceable) == 1
+    _, rejects = by_class(pol.schedule(61.0))
+    assert set(rejects) == {"wide"}
+    assert "the largest CPU worker has 2 slots" in rejects["wide"].reason
+    assert "left over 60 s ago and none like it has come back" in rejects["wide"].reason
+    assert pol.lost_since is None
+    assert pol.submit("late", cpu(6), 62.0).never  # after the wait, one of that size is rejected at once
+    assert set(by_class(pol.schedule(62.0))[1]) == {"late"}
+    pol.submit("one", cpu(1), 62.0)  # (the lost actions went on: the 2-slot node serves them)
+    assert pol.snapshot().unplaceable == ()
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_with_lost_wait_s_0_a_node_leaving_rejects_what_no_other_node_can_hold_at_once(name):
+    pol = _wide_behind_a_node_that_leaves(name, lost_wait_s=0)
     _, rejects = by_class(pol.schedule(1.0))
-    assert "wide" in rejects and "the largest CPU worker has 2 slots" in rejects["wide"].reason
+    assert set(rejects) == {"wide"} and "the largest CPU worker has 2 slots" in rejects["wide"].reason
+    assert pol.lost_since is None
+
+
+def test_a_gpu_node_leaving_makes_its_model_s_actions_wait_for_one_like_it():
+    """The 140 GB model fits only the 2-GPU node: while it is gone its judge waits; an API quota lowered by
+    the user is no node leaving (an action over the new quota is rejected at once)."""
+    models = {"big": ModelSpec("big", 140.0, 1.0)}
+    pol = policy("tangram", (2,), tokens=4, models=models)
+    pol.add_gpu_node(GpuNode("g2", 2, 80.0, (2,)))
+    pol.add_gpu_node(GpuNode("g1", 1, 80.0, (1,)))
+    pol.schedule(0.0)
+    pol.remove_node("g2")
+    pol.set_api_tokens(2)
+    pol.submit("judge", make_spec("judge", "gpu", (1, 2), model="big"), 1.0)
+    pol.submit("search", make_spec("search", "api", 3), 1.0)
+    _, rejects = by_class(pol.schedule(1.0))
+    assert set(rejects) == {"search"}
+    assert [sf.resource for sf in pol.snapshot().unplaceable] == ["gpu"]
+    pol.add_gpu_node(GpuNode("g2", 2, 80.0, (2,)))
+    assert pol.snapshot().unplaceable == ()
 
 
 @pytest.mark.parametrize("busy", [0, 6])

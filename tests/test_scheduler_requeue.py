@@ -300,3 +300,25 @@ def test_fifo_puts_an_action_back_unrun_before_those_waiting():
         pol.submit(aid, spec, 1.0, issued_at=0.0)
     pol.finish("y", 2.0, 2.0)
     assert [d.action for d in pol.schedule(2.0)] == ["x0"]
+
+
+def test_live_actions_only_a_dead_worker_could_hold_wait_for_its_restart(tmp_path):
+    """The only worker of 4 slots dies running an action of (3, 4) slots, with another queued (the other worker
+    has 2): both wait for the nanny's new worker and run there. Before session 34 both erred at once with
+    PlacementError ("the largest CPU worker has 2 slots"), a second before the worker came back (a helper's
+    review found it)."""
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    ws = {"big": _cpu_worker("big", 4, 4), "small": _cpu_worker("small", 2, 2)}
+    with start_cluster(plugin, ws) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        wait_nodes(plugin, 2)
+        with tangram_dask.action(kind="wide", resource="cpu", units=(3, 4), hint_s=1.0):
+            fs = [client.submit(record_then_sleep, str(tmp_path / f"l{i}"), 1.0, pure=False) for i in range(2)]
+        deadline = time.monotonic() + 20
+        while not any(p.exists() and p.read_text() for p in tmp_path.iterdir()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (started,) = [p for p in tmp_path.iterdir() if p.read_text()]  # one at a time: 4 slots, 3 each
+        os.kill(int(_wait_for_line(started, "start").split()[1]), signal.SIGKILL)
+        assert all(f.result(timeout=90) for f in fs)
+        assert plugin.policy.lost_since is None and not plugin.policy.unplaceable

@@ -7,6 +7,7 @@ iteration over unordered sets).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable
@@ -51,7 +52,10 @@ class Policy:
     Actions no current node can ever hold (:mod:`.feasibility`) never enter a
     pool, so they block nothing. With ``wait_unplaceable=False`` (the default)
     they are rejected at once, unless no node of their kind has joined at all
-    (then they wait, as Dask's own tasks wait for a worker); with True (an
+    (then they wait, as Dask's own tasks wait for a worker) or one that could
+    hold them left less than ``lost_wait_s`` seconds ago (a nanny restarting
+    a worker that died, a pod being replaced: they wait for it to come back,
+    and are rejected only once that time passes with none like it back); with True (an
     autoscaler is on) they wait, listed in ``snapshot().unplaceable``, until a
     node that can hold them joins. It may also be a function of the action's
     spec (what an autoscaler could make: ``tangram_dask.adaptive``), True where
@@ -67,9 +71,10 @@ class Policy:
 
     def __init__(self, cluster: ClusterSpec, models: dict[str, ModelSpec],
                  replicas: Iterable[ReplicaSpec] = (), *, trajectory_ttl_s: float | None = None,
-                 wait_unplaceable: bool | Callable[[ActionSpec], bool] = False):
+                 wait_unplaceable: bool | Callable[[ActionSpec], bool] = False, lost_wait_s: float = 300.0):
         self.cluster = cluster
         self._wait_unplaceable = wait_unplaceable
+        self.lost_wait_s = lost_wait_s
         self.models = dict(models)
         self.cpu = CpuPool(cluster.cpu_nodes)
         self.api = TokenPool(cluster.api_tokens)
@@ -94,6 +99,11 @@ class Policy:
         self._failed_loads: set[ReplicaId] = set()  # replicas whose load failed under the action holding them
         self.rejected = 0
         self._capacity = self._measure_capacity()
+        # lost_wait_s: the CPU and GPU nodes seen since capacity last shrank for good (the largest CPU node, every
+        # GPU shape), and when it shrank below them (None: it has not; NaN: it has, stamped at the next schedule)
+        self._had = self._capacity
+        self._lost_at: float | None = None
+        self._clock = 0.0  # the latest now of submit or schedule: when a queued action began to wait for a node
 
     # -- trajectories --------------------------------------------------------
     def begin_trajectory(self, trajectory: str, now: float, expected_s: float | None = None) -> None:
@@ -125,6 +135,7 @@ class Policy:
         """Queue action ``aid``. ``issued_at``: it was first submitted then, and comes back unrun (its worker
         left or paused before it began): it keeps its place in the order (as issued then), and the figures that
         learn from issued actions (hints, demand, its trajectory's expected work) do not count it again."""
+        self._clock = now
         if self.broken and spec.model in self.broken:
             if spec.model in self.probing:  # the one action that tries the broken model again
                 self.probing.discard(spec.model)
@@ -140,6 +151,12 @@ class Policy:
         else:
             self._reject(aid, sf.reason, sf)
         return sf
+
+    @property
+    def lost_since(self) -> float | None:
+        """When a CPU or GPU node that some actions need left and none like it came back (``lost_wait_s``);
+        NaN until the next ``schedule`` stamps it; None when nothing seen is missing."""
+        return self._lost_at
 
     @property
     def wait_unplaceable(self) -> bool | Callable[[ActionSpec], bool]:
@@ -161,6 +178,10 @@ class Policy:
         hold it), or when no node of its kind has joined yet (it may just be early); otherwise it is
         rejected."""
         w = self._wait_unplaceable
+        if w is True:
+            return True
+        if self._lost_at is not None and spec.resource != "api" and never_fits(spec, self._had, self.models) is None:
+            return True  # a node that held it left lately: it may come back (lost_wait_s)
         if callable(w):
             return bool(w(spec))
         if w:
@@ -190,6 +211,7 @@ class Policy:
         """
         old, self._capacity = self._capacity, self._measure_capacity()
         cap = self._capacity
+        self._track_lost(cap)
         if self.unplaceable:
             for aid, (spec, _, t, issued_at) in list(self.unplaceable.items()):
                 sf = never_fits(spec, cap, self.models)
@@ -206,11 +228,44 @@ class Policy:
         for aid, spec in (self._queued_specs() if shrunk else ()):
             sf = never_fits(spec, cap, self.models)
             if sf is not None and self._drop_pending(aid):
-                if self._may_wait(spec):
-                    self.unplaceable[aid] = (spec, sf, 0.0, 0.0)  # (counted when it was issued)
+                if self._may_wait(spec):  # (issued_at 0: counted when it was issued; first in line when back)
+                    self.unplaceable[aid] = (spec, sf, self._clock, 0.0)
                 else:
                     self._reject(aid, sf.reason, sf)
         self._capacity_changed()
+
+    def _track_lost(self, cap: Capacity) -> None:
+        """``lost_wait_s``: keep the largest CPU node and the GPU shapes seen; note when capacity fell below them
+        (a CPU or GPU node left), and forget the note once it is back."""
+        had = self._had
+        shapes = set(had.gpu_shapes)
+        if cap.cpu_largest >= had.cpu_largest and shapes <= set(cap.gpu_shapes):
+            self._had, self._lost_at = cap, None  # nothing seen is missing (or more joined)
+            return
+        if not self.lost_wait_s:
+            self._had = cap
+            return
+        if cap.cpu_largest > had.cpu_largest or not set(cap.gpu_shapes) <= shapes:  # more joined beside what left
+            self._had = Capacity(max(had.cpu_largest, cap.cpu_largest), max(had.cpu_nodes, cap.cpu_nodes),
+                                 cap.api_tokens, tuple(sorted(shapes | set(cap.gpu_shapes),
+                                                              key=lambda s: (s.gpus, s.gpu_memory_gb))))
+        if self._lost_at is None:
+            self._lost_at = math.nan  # stamped by the next schedule(now)
+
+    def _lost_waited(self, now: float) -> None:
+        """A node left: once ``lost_wait_s`` passed with no node like it back, the actions that only it could
+        hold are rejected (they wait no longer, and new ones like them are rejected at once)."""
+        if self._lost_at != self._lost_at:  # NaN: the shrink came after the last schedule
+            self._lost_at = now
+            return
+        if now - self._lost_at < self.lost_wait_s:
+            return
+        self._had, self._lost_at = self._capacity, None
+        for aid, (spec, sf, _, _) in list(self.unplaceable.items()):
+            if not self._may_wait(spec):
+                del self.unplaceable[aid]
+                self._reject(aid, f"{sf.reason} (a worker that could hold it left over {self.lost_wait_s:g} s ago "
+                                  f"and none like it has come back)", sf)
 
     def finish(self, aid: ActionId, now: float, run_s: float | None = None) -> None:
         r = self.running.pop(aid, None)
@@ -242,8 +297,11 @@ class Policy:
         pass
 
     def schedule(self, now: float) -> list[Decision]:
+        self._clock = now
         if self._seen:
             self._expire(now)
+        if self._lost_at is not None:
+            self._lost_waited(now)
         out = self._ready
         self._ready = []
         self._schedule(now, out)
