@@ -71,7 +71,7 @@ def check_expectations(value: Any) -> list[tuple[str, float | None]]:
 async def _expect(client: Any, expected: Mapping[str, float | None]) -> Any:
     await _ensure_plugin(client)
     out = await getattr(client.scheduler, EXPECT_TRAJECTORIES_HANDLER)(
-        trajectories={t: e for t, e in check_expectations(expected)})
+        trajectories={t: e for t, e in check_expectations(expected)}, client=client.id)
     if isinstance(out, dict) and out.get("status") == "error":
         raise TrajectoryError(out.get("message", "expect_trajectories: refused by the scheduler"))
     return out
@@ -80,7 +80,7 @@ async def _expect(client: Any, expected: Mapping[str, float | None]) -> Any:
 async def _begin(client: Any, trajectory: str, expected_s: float | None) -> Any:
     await _ensure_plugin(client)
     kw = {} if expected_s is None else {"expected_s": expected_s}  # (a scheduler of an older release takes none)
-    out = await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=trajectory, **kw)
+    out = await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=trajectory, client=client.id, **kw)
     if isinstance(out, dict) and out.get("status") == "error":
         raise TrajectoryError(out.get("message", "begin_trajectory: refused by the scheduler"))
     return out

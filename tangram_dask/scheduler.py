@@ -242,6 +242,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         self._admissions: dict[str, asyncio.Event] = {}  # trajectories waiting to be admitted
         self._asked: dict[str, float] = {}  # the same: when each asked (policy time)
         self._admitted: set[str] = set()
+        # the clients that began or queued each trajectory not yet ended, and the reverse: when the last of a
+        # trajectory's clients leaves with none of its actions wanted by another, the trajectory ends
+        # (remove_client). Before session 34 a crashed trainer's trajectories held the gate for the TTL (1 h)
+        self._clients_of: dict[str, set[str]] = {}
+        self._trajectories_of: dict[str, set[str]] = {}
         self._t0 = 0.0
         self._timers: dict[Hashable, Any] = {}  # actions with a timeout_s: their loop timer
         # CPU actions with a timeout_s on a worker that reports starts: their timer waits for the worker's word
@@ -785,6 +790,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             for t in self.policy.expired:
                 self._admitted.discard(t)
                 self._asked.pop(t, None)
+                if self._clients_of:
+                    self._forget_clients(t)
                 ev = self._admissions.pop(t, None)
                 if ev is not None:
                     ev.set()
@@ -1033,9 +1040,11 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                                      **({"worker": ts.processing_on.address} if ts.processing_on else {})))
 
     # -- RPC handlers -----------------------------------------------------------------------
-    async def _handle_begin_trajectory(self, trajectory: str, expected_s: Any = None) -> dict[str, str]:
+    async def _handle_begin_trajectory(self, trajectory: str, expected_s: Any = None,
+                                       client: str | None = None) -> dict[str, str]:
         """Returns once the policy admits the trajectory (at once, unless the policy gates admission).
-        A bad ``expected_s`` (the client checks it; a raw RPC may not) is refused, and nothing changes."""
+        A bad ``expected_s`` (the client checks it; a raw RPC may not) is refused, and nothing changes.
+        ``client``: the caller's client id (its trajectories end when it leaves: :meth:`remove_client`)."""
         if self.policy is None:
             return {"status": "not-started"}
         try:
@@ -1043,6 +1052,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             expected = check_expected_s(expected_s)
         except TrajectoryError as e:
             return {"status": "error", "message": str(e)}
+        self._client_began(client, trajectory)
         if trajectory in self._admitted:
             return {"status": "OK"}
         ev = self._admissions.get(trajectory)
@@ -1064,10 +1074,57 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         waited = max(self.now() - self._asked.pop(trajectory, self.now()), 0.0)
         _tell(self.admit_listeners, "admission", trajectory, waited)
 
-    def _handle_expect_trajectories(self, trajectories: Any = None) -> dict[str, Any]:
+    def _client_began(self, client: Any, trajectory: str) -> None:
+        if isinstance(client, str) and self.scheduler is not None and client in self.scheduler.clients:
+            self._clients_of.setdefault(trajectory, set()).add(client)
+            self._trajectories_of.setdefault(client, set()).add(trajectory)
+
+    def _forget_clients(self, trajectory: str) -> None:
+        for c in self._clients_of.pop(trajectory, ()):
+            ts = self._trajectories_of.get(c)
+            if ts is not None:
+                ts.discard(trajectory)
+                if not ts:
+                    del self._trajectories_of[c]
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        """A client left (closed, or its process died): each trajectory it began or queued that no other client
+        began, and none of whose actions another client still wants, ends, as ``end_trajectory`` ends it
+        (one waiting for admission is taken out of the queue). Dask has released the client's own tasks by
+        now. A trajectory whose actions another client wants is that client's from here on."""
+        mine = self._trajectories_of.pop(client, None)
+        if not mine or self.policy is None:
+            return
+        others: dict[str, set[str]] = {}  # trajectory -> clients that want its live actions
+        tasks = scheduler.tasks
+        for key, a in self.actions.items():
+            t = a.spec.trajectory if a.spec is not None else None
+            if t in mine:
+                ts = tasks.get(key)
+                if ts is not None:
+                    others.setdefault(t, set()).update(cs.client_key for cs in ts.who_wants or ())
+        ended = waiting = 0
+        for t in mine:
+            left = self._clients_of.get(t, set())
+            left.discard(client)
+            left |= others.get(t, set()) - {client}
+            if left:
+                self._clients_of[t] = left
+                for c in left:
+                    self._trajectories_of.setdefault(c, set()).add(t)
+                continue
+            waiting += t in self._admissions
+            ended += 1
+            self._handle_end_trajectory(t)
+        if ended:
+            logger.info("tangram: client %s left: its %d trajectories that no other client uses ended (%d of them "
+                        "waiting for admission)", client, ended, waiting)
+
+    def _handle_expect_trajectories(self, trajectories: Any = None, client: str | None = None) -> dict[str, Any]:
         """A step's trajectories queued for admission in one pass (``expect_trajectories``), so the gate
         orders all of them; each one's ``begin_trajectory`` then waits for its admission. A bad entry
-        (the client checks; a raw RPC may not) refuses the whole call, and nothing changes."""
+        (the client checks; a raw RPC may not) refuses the whole call, and nothing changes. ``client``: as
+        for ``begin_trajectory``."""
         if self.policy is None:
             return {"status": "not-started"}
         try:
@@ -1076,6 +1133,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             return {"status": "error", "message": str(e)}
         now, queued = self.now(), 0
         for trajectory, expected in items:
+            self._client_began(client, trajectory)
             if trajectory in self._admitted or trajectory in self._admissions:
                 continue  # already waiting or admitted: its place is kept
             self._ask(trajectory, now, expected)
@@ -1093,6 +1151,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             self.policy.end_trajectory(trajectory, self.now())
         self._admitted.discard(trajectory)
         self._asked.pop(trajectory, None)
+        if self._clients_of:
+            self._forget_clients(trajectory)
         ev = self._admissions.pop(trajectory, None)
         if ev is not None:  # ended while waiting to be admitted: let its caller go
             ev.set()

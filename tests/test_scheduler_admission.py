@@ -189,3 +189,42 @@ def test_a_bad_expect_trajectories_names_the_entry_and_queues_nothing():
             assert out["status"] == "error" and words in out["message"], bad
             assert not plugin.policy.admission_queue and not plugin._admitted and not plugin._admissions
         assert tangram_dask.expect_trajectories(client, {"a": 1.0}) == {"status": "OK", "queued": 1}
+
+
+def _begin_in_thread(client, t):
+    th = threading.Thread(target=tangram_dask.begin_trajectory, args=(client, t), daemon=True)
+    th.start()
+    return th
+
+
+def test_a_client_that_leaves_takes_its_trajectories_out_of_the_gate():
+    """A trainer crashes: its admitted trajectories (no action in flight) and those it queued end when its client
+    leaves, so a new client's trajectory is admitted at once on the idle cluster. Before session 34 they held the
+    gate for the TTL (1 h) each, one after the other (a helper's review found it). A trajectory whose actions
+    another client still wants stays, and is that client's from then on."""
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", tangram=TangramOptions(admission=1.0), pipeline=0)
+    with _cluster(plugin) as cluster, Client(cluster) as keeper:
+        keeper.wait_for_workers(2)
+        crashed = Client(cluster)
+        for t in ("a0", "a1"):
+            assert tangram_dask.begin_trajectory(crashed, t) == {"status": "OK"}
+        tangram_dask.expect_trajectories(crashed, {"a3": None})
+        waiter = _begin_in_thread(crashed, "a2")
+        deadline = time.monotonic() + 10
+        while "a2" not in plugin.policy.admission_queue:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with tangram_dask.action(kind="k", resource="cpu", units=1, hint_s=1.0, trajectory="a1"):
+            held = keeper.submit(time.sleep, 3.0, pure=False)  # another client wants an action of a1
+        crashed.close()
+        waiter.join(10)
+        assert not waiter.is_alive()  # let go: its trajectory ended
+        assert sorted(plugin.policy.admitted) == ["a1"] and "a3" not in plugin.policy.admission_queue
+        assert plugin._clients_of == {"a1": {keeper.id}}
+        again = _begin_in_thread(keeper, "b0")
+        again.join(10)
+        assert not again.is_alive() and "b0" in plugin.policy.admitted
+        held.result(timeout=30)
+        tangram_dask.end_trajectory(keeper, "a1")
+        tangram_dask.end_trajectory(keeper, "b0")
+        assert plugin._clients_of == {} and plugin._trajectories_of == {}
