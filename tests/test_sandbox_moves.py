@@ -83,6 +83,39 @@ def test_a_moved_trajectory_finds_its_working_dir(client):
     assert client.run(has_dir, "t-1") == {home: False, moved["worker"]: False}
 
 
+def checked_out(trajectory: str, dask_worker=None) -> bool:
+    """An action of the trajectory runs here with its dir (renamed into its sandbox)."""
+    ws = dask_worker.plugins["tangram-sandbox"].pool.workspaces
+    lock = ws._locks.get(trajectory) if ws is not None else None
+    return lock is not None and lock.locked() and not ws.path(trajectory).exists()
+
+
+def test_an_action_moved_while_another_of_its_trajectory_runs_at_home_waits_for_the_dir(client):
+    """Two actions of one trajectory overlap: the first runs at home with the dir (its code sleeps 3 s), the
+    second is moved to the other worker. Its restore waits for the first to give the dir back and then takes
+    what it wrote. Before session 34 the home answered "nothing here" while the dir was checked out, and the
+    moved action began with an empty dir, in silence, forking the trajectory (a helper's review found it)."""
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-3", affinity="trajectory",
+                    restore_s=0.001)
+    with tangram_dask.action(**stateful):
+        first = client.submit(step, "open('log', 'a').write('a')", pure=False).result(timeout=60)
+    home = first["worker"]
+    with tangram_dask.action(**stateful):
+        busy = client.submit(step, "import time; open('log', 'a').write('b'); time.sleep(3)", pure=False)
+    deadline = time.monotonic() + 30
+    while not client.run(checked_out, "t-3", workers=[home])[home]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with tangram_dask.action(**stateful):
+        moved = client.submit(step, "open('log', 'a').write('c'); print(open('log').read())", pure=False)
+    out = moved.result(timeout=60)
+    assert busy.result(timeout=60)["worker"] == home
+    assert out["worker"] != home and out["restore_from"] == home, out
+    assert out["stdout"] == "abc\n", out
+    assert client.run(has_dir, "t-3") == {home: False, out["worker"]: True}
+    tangram_dask.end_trajectory(client, "t-3")
+
+
 def test_a_move_that_cannot_be_restored_loses_nothing(client):
     """A working dir with a link out of it cannot move: the moved action fails saying so, before the
     home worker removes anything; the trajectory's files are still there."""

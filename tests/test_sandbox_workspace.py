@@ -69,6 +69,35 @@ def test_trajectories_unused_past_the_ttl_are_swept(tmp_path):
     assert ws.trajectories() == ["fresh"]
 
 
+def test_a_dir_checked_out_by_a_running_action_is_held_and_its_snapshot_waits_for_it(tmp_path):
+    """While an action has the dir (renamed into its sandbox), the node still holds the trajectory, and a
+    snapshot (a move to another node) waits for the action to give it back, then packs what it wrote; past its
+    timeout it refuses, naming why. Before session 34 the node answered "nothing here" and the move began empty."""
+    import threading
+    import time
+
+    ws = Workspaces(tmp_path / "ws", uid=None, ttl_s=60)
+    slot = tmp_path / "slot"
+    ws.checkout("t", slot, timeout_s=1)
+    (slot / "f").write_text("first")
+    ws.checkin("t", slot)
+    ws.checkout("t", slot, timeout_s=1)  # a second action runs with the dir
+    assert not ws.path("t").exists() and ws.holds("t") and not ws.holds("other")
+    with pytest.raises(SandboxError, match="still holds its working dir here after 0.1 s, so it cannot move yet"):
+        ws.snapshot("t", timeout_s=0.1)
+
+    def finish():
+        time.sleep(0.3)
+        (slot / "f").write_text("second")
+        ws.checkin("t", slot)
+
+    threading.Thread(target=finish).start()
+    data = ws.snapshot("t", timeout_s=10)
+    dst = Workspaces(tmp_path / "dst", uid=None, ttl_s=60)
+    dst.restore("t", data)
+    assert (dst.path("t") / "f").read_text() == "second"
+
+
 def test_odd_trajectory_ids_map_to_safe_names(tmp_path):
     ws = Workspaces(tmp_path, uid=None, ttl_s=60)
     assert ws.path("../../etc").parent == tmp_path

@@ -63,8 +63,8 @@ def _pull_moved_state(pool: SandboxPool, trajectory: str, alloc: Any) -> None:
 
     worker = get_worker()
     source = alloc.restore_from
-    if not source or source == worker.address or pool.has_trajectory(trajectory):
-        return
+    if not source or source == worker.address or pool.holds_trajectory(trajectory):
+        return  # (held here, by an action of it running here too: this copy is the newer one)
 
     async def take() -> bytes | None:
         return await worker.rpc(source).tangram_sandbox_take(trajectory=trajectory)

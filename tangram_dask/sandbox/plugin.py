@@ -57,12 +57,16 @@ class SandboxPlugin(WorkerPlugin):
         """Another worker takes over a trajectory the scheduler moved: a snapshot of its dir.
 
         The dir stays here until that worker confirms the restore (:meth:`_drop`); a
-        snapshot no restore would accept raises here, before anything is removed.
+        snapshot no restore would accept raises here, before anything is removed. While an action
+        of the trajectory runs here with the dir, the snapshot waits for it to end (the pool's
+        ``start_timeout_s`` at most, then :class:`SandboxError`, and the moved action fails saying so).
+        Before session 34 that case answered "nothing here", and the moved action started with an
+        empty dir while the trajectory's files stayed here.
         """
         pool = self.pool
-        if pool is None or not pool.has_trajectory(trajectory):
+        if pool is None or not pool.holds_trajectory(trajectory):
             return None
-        return await asyncio.to_thread(pool.snapshot_trajectory, trajectory)
+        return await asyncio.to_thread(pool.snapshot_trajectory, trajectory, pool.options.start_timeout_s)
 
     async def _drop(self, trajectory: str) -> bool:
         """The destination restored the trajectory: remove it here."""

@@ -335,8 +335,13 @@ class SandboxPool:
         """Whether this node holds the trajectory's working dir."""
         return self._ws().path(trajectory).exists()
 
-    def snapshot_trajectory(self, trajectory: str) -> bytes:
-        return self._ws().snapshot(trajectory)
+    def holds_trajectory(self, trajectory: str) -> bool:
+        """Whether this node holds the trajectory's working dir, or a running action of it has it checked out."""
+        return self._ws().holds(trajectory)
+
+    def snapshot_trajectory(self, trajectory: str, timeout_s: float | None = None) -> bytes:
+        """Its dir as tar.gz bytes, once no action of it holds the dir (waits up to ``timeout_s``)."""
+        return self._ws().snapshot(trajectory, timeout_s)
 
     def restore_trajectory(self, trajectory: str, data: bytes) -> None:
         self._ws().restore(trajectory, data)

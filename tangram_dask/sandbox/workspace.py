@@ -56,6 +56,14 @@ class Workspaces:
         with self._guard:
             return self._locks.setdefault(trajectory, threading.Lock())
 
+    def holds(self, trajectory: str) -> bool:
+        """Whether the trajectory's dir is on this node: where it lives, or checked out by a running action."""
+        if self.path(trajectory).exists():
+            return True
+        with self._guard:
+            lock = self._locks.get(trajectory)
+        return lock is not None and lock.locked()
+
     def trajectories(self) -> list[str]:
         with self._guard:
             return sorted(self._last_used)
@@ -95,14 +103,20 @@ class Workspaces:
                 lock.release()
 
     # -- moving and ending ------------------------------------------------------
-    def snapshot(self, trajectory: str) -> bytes:
+    def snapshot(self, trajectory: str, timeout_s: float | None = None) -> bytes:
         """The trajectory's dir as tar.gz bytes; :class:`SandboxError` if it has none here.
 
         The dir stays here. A dir that no restore would accept (a link pointing out of
         it, a device) is refused now, with :class:`SandboxError`, before anyone removes
-        anything: the trajectory keeps its files on this node.
+        anything: the trajectory keeps its files on this node. While an action of the trajectory
+        holds the dir, it waits for the action to give it back (at most ``timeout_s``, then
+        :class:`SandboxError`).
         """
-        with self._lock(trajectory):
+        lock = self._lock(trajectory)
+        if not lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise SandboxError(f"trajectory {trajectory!r}: an action of it still holds its working dir here after "
+                               f"{timeout_s:g} s, so it cannot move yet; run one action of a trajectory at a time")
+        try:
             src = self.path(trajectory)
             if not src.is_dir():  # an empty snapshot restored elsewhere would wipe the real dir there
                 raise SandboxError(f"trajectory {trajectory!r} has no working dir on this node; snapshot it "
@@ -111,6 +125,8 @@ class Workspaces:
             with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
                 tar.add(src, arcname=".", recursive=True)  # symlinks are stored as links, not followed
             data = buf.getvalue()
+        finally:
+            lock.release()
         try:
             check_snapshot(data)
         except SandboxError as e:
