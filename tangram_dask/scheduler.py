@@ -708,6 +708,8 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 self._done(key, self.scheduler.tasks.get(key), keep=finish == "released")
             if finish == "forgotten":
                 self.actions.pop(key, None)
+                if a.spec is not None and self.policy is not None:  # (cancelled ones: gone for good now)
+                    self.policy.forget(key, a.spec)
                 self._ungranted(key)
                 self._to_fail.pop(key, None)
         except Exception as e:

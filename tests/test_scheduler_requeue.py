@@ -322,3 +322,28 @@ def test_live_actions_only_a_dead_worker_could_hold_wait_for_its_restart(tmp_pat
         os.kill(int(_wait_for_line(started, "start").split()[1]), signal.SIGKILL)
         assert all(f.result(timeout=90) for f in fs)
         assert plugin.policy.lost_since is None and not plugin.policy.unplaceable
+
+
+def test_live_actions_cancelled_before_they_run_leave_their_trajectorys_figures():
+    """Five actions of one trajectory on one slot; four cancelled while they wait. Once they are forgotten, the
+    policy keeps nothing of them: its trajectory's expected work is the one that ran. Before session 34 the four
+    stayed in ``_issued_work`` and counted their expected work in ``traj_work`` until the trajectory ended (a
+    helper's review)."""
+    plugin = TangramSchedulerPlugin("tangram", pipeline=0)
+    with start_cluster(plugin, {"a": _cpu_worker("a", 1, 1)}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        wait_nodes(plugin, 1)
+        with tangram_dask.action(kind="k", resource="cpu", units=1, hint_s=1.0, trajectory="t"):
+            fs = [client.submit(time.sleep, 0.5, pure=False) for _ in range(5)]
+        deadline = time.monotonic() + 20
+        while sum(a.state == GRANTED for a in plugin.actions.values()) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        client.cancel(fs[1:])
+        fs[0].result(timeout=30)
+        deadline = time.monotonic() + 20
+        while plugin.actions or plugin.policy._issued_work.get("t"):
+            assert time.monotonic() < deadline, (len(plugin.actions), plugin.policy._issued_work)
+            time.sleep(0.02)
+        acc = plugin.policy.traj_work["t"]
+        assert acc[4] == 5 and acc[3] < 1.5  # 5 issued; the seconds of one that ran (0.5 s), not 5 expected

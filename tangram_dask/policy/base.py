@@ -288,6 +288,10 @@ class Policy:
             return True
         return self._drop_pending(aid)
 
+    def forget(self, aid: ActionId, spec: ActionSpec) -> None:
+        """``aid`` (cancelled, or ended) will not come back: what the policy kept of it in case it did (its
+        expected work in its trajectory's figures) goes. Safe for an action it never knew."""
+
     def loaded(self, replica: ReplicaId, now: float) -> None:
         """A background load (:class:`Load`) ended: the replica is ready. Safe for an unknown replica."""
         if self.gpu.loaded(replica, now):

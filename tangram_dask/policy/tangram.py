@@ -609,6 +609,15 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self._released(r)
         return done
 
+    def forget(self, aid: ActionId, spec: ActionSpec) -> None:
+        """A cancelled action is gone for good (``cancel`` keeps its issued figures, since an action released
+        from a worker that left comes back): in its trajectory's figures it did no work. Before session 34 they
+        counted its expected work until the trajectory ended, feeding the gate (a helper's review)."""
+        w = self._issued_work.get(spec.trajectory) if self._issued_work else None
+        issued = w.pop(aid, None) if w else None
+        if issued is not None and aid not in self.running:
+            self._reestimated(spec.trajectory, spec, issued, 0.0, 0.0, False)
+
     def _lost(self, r: Running) -> None:
         self._released(r)  # (before session 33 its units.min stayed counted as running in its pool, for good)
 
