@@ -36,6 +36,7 @@ _LAZY = {
     "register_model": "models",
     "reward_model": "models",
     "models_snapshot": "models",
+    "TangramOptions": "policy",  # (pure, no Dask: lazy only so that importing the package stays light)
 }
 
 __all__ = [

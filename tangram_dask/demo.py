@@ -526,7 +526,7 @@ def run_policy(policy: str, plan: list[TrajectoryPlan], opts: DemoOptions, rewar
                                   name=f"tangram-demo-{policy}")
             client = Client(cluster)
         run.dashboard = _dashboard_page(cluster)
-        log(f"{policy}: dashboard {run.dashboard or '(none: bokeh is not installed)'}")
+        log(f"{policy}: dashboard {run.dashboard or '(none: bokeh is not installed)'} (while this policy runs)")
         stop.check()
         client.wait_for_workers(len(specs), timeout=120)
         deadline = time.monotonic() + 120
@@ -736,7 +736,8 @@ def compare(results: list[dict[str, Any]]) -> str | None:
     if t is None or f is None or not f["act_mean_s"] or not f["step_s"]:
         return None
     act, step = t["act_mean_s"] / f["act_mean_s"], t["step_s"] / f["step_s"]
-    line = f"tangram against fifo: ACT {act:.2f}x, step {step:.2f}x."
+    line = (f"tangram against fifo: its mean ACT is {act:.2f}x fifo's and its step {step:.2f}x fifo's "
+            f"(below 1: tangram is faster).")
     wait = t["admission_wait_mean_s"]
     if wait is not None and wait >= 0.01:
         line += (f" tangram's gate held each trajectory {wait:.2f} s on average before admitting it, so that"
@@ -796,9 +797,9 @@ def run_demo(opts: DemoOptions, log: Callable[[str], None], stop: Stop) -> dict[
     sandbox = sandbox_options()
     n_actions = sum(2 * len(t.turns) + 1 for t in plan)
     canonical = sum(t.expected_pass for tp in plan for t in tp.turns)
-    log(f"rollout: {len(plan)} trajectories x {opts.turns} tool turns + a reward turn = {n_actions} actions "
-        f"per policy (seed {opts.seed}); {opts.workers} CPU workers x {opts.slots} sandbox slots, 1 GPU-group "
-        f"worker ({gpu.source}); reward model {reward.source}")
+    log(f"rollout: {len(plan)} trajectories x ({opts.turns} tool turns of a code run and a test run + a reward) "
+        f"= {n_actions} actions per policy (seed {opts.seed}); {opts.workers} CPU workers x {opts.slots} sandbox "
+        f"slots, 1 GPU-group worker: {gpu.source}; reward model {reward.source}")
     workdir = tempfile.mkdtemp(prefix="tangram-demo-")
     os.chmod(workdir, 0o711)  # the sandboxes' dirs are under it: a root worker's code runs as uid 65534
     runs = []

@@ -14,6 +14,7 @@ imported.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
@@ -131,7 +132,9 @@ def policy_options(raw: Any, where: str = "tangram.scheduler.policy-options") ->
         name = key.replace("-", "_") if isinstance(key, str) else key
         at = f"{where}.{key}" if where.startswith("tangram.") else f"{where} {key}"
         if name not in known:
-            raise ConfigError(at, value, f"{key!r} is not a knob of the tangram policy (knobs, with - or _: "
+            near = difflib.get_close_matches(str(name), list(known), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(at, value, f"{key!r} is not a knob of the tangram policy ({hint}knobs, with - or _: "
                                          f"{', '.join(known)})")
         if not _is_number(value) or not math.isfinite(value) or value < 0:
             raise ConfigError(at, value, f"{value!r} is not a finite number >= 0")

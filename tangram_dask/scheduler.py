@@ -346,11 +346,20 @@ class TangramSchedulerPlugin(SchedulerPlugin):
             if reason in self._warned:
                 continue
             self._warned.add(reason)
-            hint = (" A worker with --resources slots=N and no GPUs joins as a CPU worker; one that declares GPUs "
-                    "too joins as a GPU node." if reason in cpu else "")
-            logger.warning("tangram: %d actions (%s) have waited over %g s for a worker that can hold them: %s. "
-                           "They stay queued until one joins.%s", len(kinds), ", ".join(sorted(set(kinds))),
-                           self.warn_unplaceable_s, reason, hint)
+            hint = ""
+            if reason in cpu:
+                decls = [self.nodes.get(addr) for addr in self.scheduler.workers]
+                bare = sum(1 for d in decls if d is None or not (d.slots or d.gpus))
+                hint = ((f" {bare} connected worker{'s declare' if bare > 1 else ' declares'} no sandbox slots."
+                         if bare else "") +
+                        " A worker with --resources slots=N (a LocalCluster: resources={'slots': N}) and no GPUs "
+                        "joins as a CPU worker; one that declares GPUs too joins as a GPU node.")
+            n = len(kinds)
+            one = n == 1
+            logger.warning("tangram: %d %s (%s) %s waited over %g s for a worker that can hold %s: %s. "
+                           "%s queued until one joins.%s", n, "action" if one else "actions",
+                           ", ".join(sorted(set(kinds))), "has" if one else "have", self.warn_unplaceable_s,
+                           "it" if one else "them", reason, "It stays" if one else "They stay", hint)
         self._warned &= set(old)  # a reason that cleared may warn again if it comes back
         bounded = getattr(getattr(self.policy, "est", None), "bounded", None)
         if bounded and len(bounded) > len(self._hints_warned):

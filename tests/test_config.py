@@ -236,6 +236,22 @@ def test_the_preload_sets_the_policys_knobs_from_its_flags():
         assert plugin.snapshot()["policy_options"] == {"admission_knee": 0.9, "grow": 1.0}  # what it runs with
 
 
+def test_a_misspelt_preload_knob_stops_the_scheduler_naming_it():
+    """``dask scheduler --preload scheduler_plugin --tangram-option admision=1`` exits at once, naming the knob,
+    as a bad ``--tangram-policy`` does. Before session 34 distributed logged "Failed to start preload" and the
+    scheduler served on without the plugin (a helper's newcomer review found it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dask_cli = Path(sys.executable).parent / "dask"
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([str(dask_cli), "scheduler", "--port", "0", "--no-dashboard", "--preload", "scheduler_plugin",
+                        "--tangram-option", "admision=1"], cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "admision" in r.stderr and "not a knob" in r.stderr and "Failed to start preload" not in r.stderr
+
+
 # -- PluginOptions: defined once --------------------------------------------------------------
 def test_plugin_options_fields_are_the_scheduler_keys():
     names = {f.name for f in fields(PluginOptions)} - CODE_ONLY

@@ -137,10 +137,11 @@ def test_the_line_under_the_table_reads_the_figures():
         return {"policy": policy, "act_mean_s": act, "step_s": step, "admission_wait_mean_s": wait}
 
     slower = compare([fig("tangram", 0.1, 3.0, 0.9), fig("fifo", 0.2, 2.0, 0.0)])
-    assert slower.startswith("tangram against fifo: ACT 0.50x, step 1.50x.")
+    assert slower.startswith("tangram against fifo: its mean ACT is 0.50x fifo's and its step 1.50x fifo's "
+                             "(below 1: tangram is faster).")
     assert "held each trajectory 0.90 s" in slower and "the step pays" in slower
     faster = compare([fig("tangram", 0.1, 1.8, 0.5), fig("fifo", 0.2, 2.0, 0.0)])
-    assert "step 0.90x" in faster and "held each trajectory 0.50 s" in faster and "pays" not in faster
+    assert "step 0.90x fifo's" in faster and "held each trajectory 0.50 s" in faster and "pays" not in faster
     assert "held" not in compare([fig("tangram", 0.1, 2.0, 0.0), fig("fifo", 0.2, 2.0, 0.0)])
     assert compare([fig("tangram", 0.1, 2.0, 0.9)]) is None  # --policies tangram: nothing to compare
 

@@ -5,7 +5,9 @@ The info string says what a block is and how it is checked:
 Blocks run three at a time (each in its own session, on its own ports).
 
 - ``python``: the block is written to a file and run (``python FILE``, cwd the repo root, the
-  venv's ``bin`` first on PATH); it must exit 0. A block that makes a LocalCluster must guard it
+  venv's ``bin`` first on PATH); it must exit 0, and print each ``# prints "TEXT"`` its comments
+  promise (the README's first block promised 4 slots and printed 1 until session 34: only its exit
+  was checked). A block that makes a LocalCluster must guard it
   with ``if __name__ == "__main__":``, as any file a user saves it to must.
 - ``bash``, ``sh``: the block runs as one bash script with ``set -e`` (so every command line runs
   and must succeed), in its own session, which is killed at the end (commands started with ``&``
@@ -50,6 +52,7 @@ LANGS = {"python", "bash", "sh", "console", "text", "yaml"}
 FLAGS = {"slow", "no-run"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 PARALLEL = 3  # blocks run at once
+PRINTS = re.compile(r'#.*?\bprints "([^"]+)"')  # what a python block's comment says it prints
 COMMAND_LIKE = re.compile(r"^\s*(\$ |(\.venv/bin/)?(python|pytest|tangram-dask|dask|make|pip|kubectl|apt-get) )")
 
 
@@ -242,6 +245,9 @@ def test_block_runs(block: Block, ran):
         assert commands(block), f"{block.id}: no command in a {block.lang} block"
     rc, what, out = ran[block.id].result()
     assert rc == 0, f"{block.id} exited {rc}:\n{what}\n{out[-6000:]}"
+    promised = PRINTS.findall(block.body) if block.lang == "python" else []
+    missing = [p for p in promised if p not in out]
+    assert not missing, f"{block.id}: its comments promise it prints {missing}; it printed:\n{out[-6000:]}"
 
 
 def check_block(block: Block) -> list[str]:

@@ -83,24 +83,33 @@ def test_a_worker_declaring_slots_and_gpus_is_a_gpu_node_and_the_log_says_its_sl
 
 
 def test_actions_no_worker_can_hold_are_named_in_the_log_once_they_have_waited(caplog):
-    """No CPU worker has joined: the code action waits (one may be starting), and after ``warn_unplaceable_s``
-    the scheduler's log says which actions wait and why, once; a CPU worker joining then runs it."""
+    """No CPU worker has joined (the one connected declares no slots, as a LocalCluster made without
+    ``resources``): the code action waits (one may be starting), and after ``warn_unplaceable_s`` the scheduler's
+    log says which actions wait and why, that the connected worker declares no slots, and the LocalCluster fix,
+    once; a CPU worker joining then runs it."""
     import logging
 
     plugin = TangramSchedulerPlugin("tangram", pipeline=0)
     plugin.warn_unplaceable_s, plugin._watch_every_s = 1.0, 0.2
-    cluster = LocalCluster(n_workers=0, processes=True, dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]})
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                           scheduler_kwargs={"plugins": [plugin]})
     with caplog.at_level(logging.WARNING, logger="tangram_dask.scheduler"), cluster, Client(cluster) as client:
+        deadline = time.monotonic() + 30
+        while not plugin.nodes:  # the worker without resources has joined (and declared nothing to place on)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         with tangram_dask.action(kind="code_exec", resource="cpu", units=1):
             fut = client.submit(sum, [1, 2], pure=False)
         deadline = time.monotonic() + 30
-        while "have waited over 1 s" not in caplog.text:
+        while "waited over 1 s" not in caplog.text:
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.1)
         time.sleep(1.0)  # five more checks: still one warning
-        (line,) = [r.getMessage() for r in caplog.records if "have waited" in r.getMessage()]
-        assert "1 actions (code_exec)" in line and "no CPU worker (sandbox slots) has joined" in line
-        assert "--resources slots=N and no GPUs joins as a CPU worker" in line
+        (line,) = [r.getMessage() for r in caplog.records if "waited over" in r.getMessage()]
+        assert "1 action (code_exec) has waited over 1 s for a worker that can hold it" in line
+        assert "no CPU worker (sandbox slots) has joined" in line
+        assert "1 connected worker declares no sandbox slots" in line
+        assert "--resources slots=N (a LocalCluster: resources={'slots': N}) and no GPUs joins as a CPU worker" in line
         cluster.worker_spec["cpu"] = {"cls": Nanny, "options": {"nthreads": 1, "resources": {"slots": 1},
                                                                 "memory_limit": 0, "dashboard_address": None}}
         cluster.sync(cluster._correct_state)

@@ -63,7 +63,8 @@ def never_fits(spec: ActionSpec, cap: Capacity, models: Mapping[str, ModelSpec])
             return None
         where = (f"the largest CPU worker has {cap.cpu_largest} slots" if cap.cpu_nodes
                  else "no CPU worker (sandbox slots) has joined")
-        return Shortfall("cpu", need, 0, f"{spec.kind} asks for {need} sandbox slots on one worker; {where}",
+        slots = "1 sandbox slot" if need == 1 else f"{need} sandbox slots"
+        return Shortfall("cpu", need, 0, f"{spec.kind} asks for {slots} on one worker; {where}",
                          "cpu", cap.cpu_largest, True, spec.kind)
     if res == "api":
         if need <= cap.api_tokens:

@@ -203,6 +203,15 @@ class TangramOptions:
                                 # the ended trajectories (8 at least) correlate at least this much (0: from the first
                                 # expectation given); the order does not wait for it
 
+    def __post_init__(self) -> None:
+        """Every knob a finite number >= 0, as ``tangram.scheduler.policy-options`` and ``-o`` require: one set in
+        code (``TangramSchedulerPlugin(tangram=TangramOptions(admission=-1))``) was taken as given before
+        session 34, and a NaN would have turned every comparison it takes part in false."""
+        for name, value in self.__dict__.items():
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value < 0):
+                raise ValueError(f"TangramOptions.{name} = {value!r}: must be a finite number >= 0")
+
 
 class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
     """The tangram policy: the state every phase reads, set up here, and the events that change it.
