@@ -68,10 +68,20 @@ def check_expectations(value: Any) -> list[tuple[str, float | None]]:
     return out
 
 
+async def _call(client: Any, handler: str, **kw: Any) -> Any:
+    """Call a trajectory handler with this client's id (the scheduler ends a departed client's trajectories); a
+    scheduler plugin of an earlier release takes no ``client``, and is asked again without it."""
+    try:
+        return await getattr(client.scheduler, handler)(client=client.id, **kw)
+    except TypeError as e:
+        if "client" not in str(e):
+            raise
+        return await getattr(client.scheduler, handler)(**kw)
+
+
 async def _expect(client: Any, expected: Mapping[str, float | None]) -> Any:
     await _ensure_plugin(client)
-    out = await getattr(client.scheduler, EXPECT_TRAJECTORIES_HANDLER)(
-        trajectories={t: e for t, e in check_expectations(expected)}, client=client.id)
+    out = await _call(client, EXPECT_TRAJECTORIES_HANDLER, trajectories={t: e for t, e in check_expectations(expected)})
     if isinstance(out, dict) and out.get("status") == "error":
         raise TrajectoryError(out.get("message", "expect_trajectories: refused by the scheduler"))
     return out
@@ -80,7 +90,7 @@ async def _expect(client: Any, expected: Mapping[str, float | None]) -> Any:
 async def _begin(client: Any, trajectory: str, expected_s: float | None) -> Any:
     await _ensure_plugin(client)
     kw = {} if expected_s is None else {"expected_s": expected_s}  # (a scheduler of an older release takes none)
-    out = await getattr(client.scheduler, BEGIN_TRAJECTORY_HANDLER)(trajectory=trajectory, client=client.id, **kw)
+    out = await _call(client, BEGIN_TRAJECTORY_HANDLER, trajectory=trajectory, **kw)
     if isinstance(out, dict) and out.get("status") == "error":
         raise TrajectoryError(out.get("message", "begin_trajectory: refused by the scheduler"))
     return out

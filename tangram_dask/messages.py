@@ -29,6 +29,7 @@ MODELS_HANDLER = "tangram_models"
 RESIDENCY_HANDLER = "tangram_residency"  # a worker's stream message: a replica's state changed
 WORKER_MODEL_HANDLER = "tangram_worker_model"  # the scheduler hands a worker a registration
 WORKER_EVICT_HANDLER = "tangram_worker_evict"  # the scheduler asks a worker to evict an idle replica
+STAYED_HANDLER = "tangram_state_stayed"  # a worker: a trajectory's state could not move here; it stays at the source
 STARTED_HANDLER = "tangram_started"  # a worker's stream message: an action with a timeout_s starts executing
 WORKER_LOAD_HANDLER = "tangram_worker_load"  # the scheduler asks a worker to load a replica ahead of its actions
 UNSTARTED_HANDLER = "tangram_unstarted"  # the scheduler asks a paused worker which of its actions have not started

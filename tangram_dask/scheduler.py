@@ -54,8 +54,8 @@ from .cluster import ClusterSpec, CpuNode, GpuNode, ModelSpec
 from .client import check_expectations, check_expected_s, check_trajectory
 from .errors import PlacementError, SpecError, TrajectoryError
 from .messages import (BEGIN_TRAJECTORY_HANDLER, DECLARE_HANDLER, END_TRAJECTORY_HANDLER, EXPECT_TRAJECTORIES_HANDLER,
-                       GRANT_KEY, SNAPSHOT_HANDLER, STARTED_HANDLER, UNSTARTED_HANDLER, WORKER_LOAD_HANDLER, Grant,
-                       WorkerDeclaration)
+                       GRANT_KEY, SNAPSHOT_HANDLER, STARTED_HANDLER, STAYED_HANDLER, UNSTARTED_HANDLER,
+                       WORKER_LOAD_HANDLER, Grant, WorkerDeclaration)
 from .options import LIVE_POLICIES, PluginOptions  # noqa: F401  (defined in options.py, re-exported)
 from .policy import FifoPolicy, Policy, TangramOptions, TangramPolicy
 from .policy.types import Load, Reject, ReplicaSpec, Start
@@ -286,7 +286,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
                               warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
         ttl = o.trajectory_ttl_s or None
-        kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity, "lost_wait_s": o.lost_wait_s}
+        # (lost-wait-s is wall seconds, as the user reads it; the policy's clock runs at 1 / time_scale)
+        kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity,
+              "lost_wait_s": o.lost_wait_s / o.time_scale}
         if o.policy == "tangram":
             return TangramPolicy(cluster, dict(o.models), (), options=o.tangram, **kw)
         return FifoPolicy(cluster, dict(o.models), (), **kw)
@@ -304,6 +306,7 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[EXPECT_TRAJECTORIES_HANDLER] = self._handle_expect_trajectories
         scheduler.handlers[END_TRAJECTORY_HANDLER] = self._handle_end_trajectory
         scheduler.handlers[SNAPSHOT_HANDLER] = self._handle_snapshot
+        scheduler.handlers[STAYED_HANDLER] = self._handle_state_stayed
         scheduler.stream_handlers[STARTED_HANDLER] = self._handle_started
         # one feature, one name: what the other parts install on this scheduler
         install_residency(self, scheduler)  # reward models: registrations, residency reports (models/)
@@ -1168,6 +1171,22 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if ev is not None:  # ended while waiting to be admitted: let its caller go
             ev.set()
         self._kick()  # ending one may admit another
+
+    def _handle_state_stayed(self, trajectory: str = "", worker: str = "", source: str = "") -> dict[str, str]:
+        """A trajectory's state could not move from ``source`` to ``worker`` (the source refused, timed out waiting
+        for an action of it, or the restore failed): the action that was moved errs, and the state is still at
+        ``source``, so that is its home again. Before session 34 the policy kept the destination as home, and the
+        trajectory's next action ran there on an empty dir while its files stayed at the source."""
+        pol = self.policy
+        if pol is None or not isinstance(trajectory, str) or pol.home.get(trajectory) != worker:
+            return {"status": "unchanged"}  # (it moved on since, or ended)
+        if source in self.nodes:
+            pol.rehome(trajectory, source)
+            logger.warning("tangram: trajectory %s could not move its state from %s to %s; its home is %s again",
+                           trajectory, source, worker, source)
+            return {"status": "OK"}
+        pol.home.pop(trajectory, None)  # the source left too: no home (its next action starts afresh anywhere)
+        return {"status": "no-home"}
 
     def _handle_snapshot(self) -> dict[str, Any]:
         return self.snapshot()

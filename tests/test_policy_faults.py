@@ -212,6 +212,22 @@ def test_what_only_a_node_that_left_could_hold_is_rejected_once_lost_wait_s_pass
 
 
 @pytest.mark.parametrize("name", POLICIES)
+def test_a_second_node_leaving_during_the_wait_for_the_first_gets_the_whole_wait(name):
+    """The 8-slot node leaves at 1 s; at 50 s the 6-slot one does: an action only it could hold waits 60 s from
+    then, not the 11 s left of the first wait (a helper's review of the first version)."""
+    pol = policy(name, (2, 8, 6), lost_wait_s=60.0)
+    pol.schedule(0.0)
+    pol.remove_node("n1")
+    pol.submit("seven", cpu(7), 1.0)
+    assert not by_class(pol.schedule(1.0))[1]
+    pol.remove_node("n2")
+    pol.submit("five", cpu(5), 50.0)
+    assert not by_class(pol.schedule(50.0))[1]
+    assert not by_class(pol.schedule(109.0))[1]
+    assert set(by_class(pol.schedule(110.0))[1]) == {"seven", "five"}
+
+
+@pytest.mark.parametrize("name", POLICIES)
 def test_with_lost_wait_s_0_a_node_leaving_rejects_what_no_other_node_can_hold_at_once(name):
     pol = _wide_behind_a_node_that_leaves(name, lost_wait_s=0)
     _, rejects = by_class(pol.schedule(1.0))

@@ -135,3 +135,35 @@ def test_a_move_that_cannot_be_restored_loses_nothing(client):
     for name in blockers:
         Event(name, client=client).set()
     tangram_dask.end_trajectory(client, "t-2")
+
+
+def test_a_move_that_times_out_waiting_for_the_dir_leaves_the_trajectory_at_home():
+    """As above, but the action at home outlasts the pool's ``start_timeout_s`` (2 s here): the moved action fails
+    saying the dir cannot move yet, and the trajectory's home is the source again, so its next action finds its
+    files. Before, the policy kept the destination as home and the next action ran there on an empty dir, the
+    files left at the source (a helper's review of the first version)."""
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", pipeline=0)
+    with LocalCluster(n_workers=2, threads_per_worker=2, resources={"slots": 1}, processes=True,
+                      dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]}) as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(SandboxPlugin(size=1, start_timeout_s=2))
+        stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-4", affinity="trajectory",
+                        restore_s=0.001)
+        with tangram_dask.action(**stateful):
+            home = client.submit(step, "open('log', 'a').write('a')", pure=False).result(timeout=60)["worker"]
+        with tangram_dask.action(**stateful):
+            busy = client.submit(step, "import time; open('log', 'a').write('b'); time.sleep(6)", pure=False)
+        deadline = time.monotonic() + 30
+        while not client.run(checked_out, "t-4", workers=[home])[home]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with tangram_dask.action(**stateful):
+            moved = client.submit(step, "print(open('log').read())", pure=False)
+            with pytest.raises(tangram_dask.SandboxError, match="could not be moved here.*cannot move yet"):
+                moved.result(timeout=60)
+        assert plugin.policy.home["t-4"] == home
+        busy.result(timeout=60)
+        with tangram_dask.action(**stateful):
+            after = client.submit(step, "print(open('log').read())", pure=False).result(timeout=60)
+        assert after["stdout"] == "ab\n", after
+        assert sum(client.run(has_dir, "t-4").values()) == 1  # one copy of its files

@@ -216,6 +216,9 @@ def test_a_client_that_leaves_takes_its_trajectories_out_of_the_gate():
             time.sleep(0.01)
         with tangram_dask.action(kind="k", resource="cpu", units=1, hint_s=1.0, trajectory="a1"):
             held = keeper.submit(time.sleep, 3.0, pure=False)  # another client wants an action of a1
+        while held.key not in plugin.actions:  # (the scheduler has it: its graph is materialised off the loop)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         crashed.close()
         waiter.join(10)
         assert not waiter.is_alive()  # let go: its trajectory ended

@@ -211,7 +211,7 @@ class Policy:
         """
         old, self._capacity = self._capacity, self._measure_capacity()
         cap = self._capacity
-        self._track_lost(cap)
+        self._track_lost(cap, old)
         if self.unplaceable:
             for aid, (spec, _, t, issued_at) in list(self.unplaceable.items()):
                 sf = never_fits(spec, cap, self.models)
@@ -234,9 +234,10 @@ class Policy:
                     self._reject(aid, sf.reason, sf)
         self._capacity_changed()
 
-    def _track_lost(self, cap: Capacity) -> None:
+    def _track_lost(self, cap: Capacity, old: Capacity) -> None:
         """``lost_wait_s``: keep the largest CPU node and the GPU shapes seen; note when capacity fell below them
-        (a CPU or GPU node left), and forget the note once it is back."""
+        (a CPU or GPU node left), and forget the note once it is back. A node that leaves while an earlier one is
+        waited for starts the wait again: what only it could hold gets the whole of ``lost_wait_s`` too."""
         had = self._had
         shapes = set(had.gpu_shapes)
         if cap.cpu_largest >= had.cpu_largest and shapes <= set(cap.gpu_shapes):
@@ -249,7 +250,7 @@ class Policy:
             self._had = Capacity(max(had.cpu_largest, cap.cpu_largest), max(had.cpu_nodes, cap.cpu_nodes),
                                  cap.api_tokens, tuple(sorted(shapes | set(cap.gpu_shapes),
                                                               key=lambda s: (s.gpus, s.gpu_memory_gb))))
-        if self._lost_at is None:
+        if self._lost_at is None or cap.cpu_largest < old.cpu_largest or not set(old.gpu_shapes) <= set(cap.gpu_shapes):
             self._lost_at = math.nan  # stamped by the next schedule(now)
 
     def _lost_waited(self, now: float) -> None:

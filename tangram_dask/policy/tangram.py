@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -208,8 +209,7 @@ class TangramOptions:
         code (``TangramSchedulerPlugin(tangram=TangramOptions(admission=-1))``) was taken as given before
         session 34, and a NaN would have turned every comparison it takes part in false."""
         for name, value in self.__dict__.items():
-            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                    or value < 0):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"TangramOptions.{name} = {value!r}: must be a finite number >= 0")
 
 

@@ -17,6 +17,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from ..errors import SandboxError
+from ..messages import STAYED_HANDLER
 from .pool import SandboxPool
 from .result import RunResult
 
@@ -72,9 +73,18 @@ def _pull_moved_state(pool: SandboxPool, trajectory: str, alloc: Any) -> None:
     async def drop() -> bool:
         return await worker.rpc(source).tangram_sandbox_drop(trajectory=trajectory)
 
+    async def stayed() -> None:  # the state is still at the source: the scheduler makes that its home again
+        try:
+            await getattr(worker.scheduler, STAYED_HANDLER)(trajectory=trajectory, worker=worker.address,
+                                                            source=source)
+        except Exception as e:  # (a scheduler without the handler: as before session 34)
+            logger.warning("tangram sandbox: could not tell the scheduler that trajectory %s stays on %s: %s",
+                           trajectory, source, e)
+
     try:
         data = sync(worker.loop, take)
     except SandboxError as e:  # the source refused the snapshot: it keeps the dir, the action fails
+        sync(worker.loop, stayed)
         raise SandboxError(f"trajectory {trajectory!r} could not be moved here from {source}: {e}") from None
     except Exception as e:  # the source left: the trajectory starts afresh here, and says so
         logger.warning("tangram sandbox: could not take trajectory %s from %s (%s: %s); it starts with an "
@@ -83,7 +93,11 @@ def _pull_moved_state(pool: SandboxPool, trajectory: str, alloc: Any) -> None:
     if not data:
         return
     # a restore that fails raises here: the source still holds the dir (it drops it only below)
-    pool.restore_trajectory(trajectory, data)
+    try:
+        pool.restore_trajectory(trajectory, data)
+    except SandboxError:
+        sync(worker.loop, stayed)
+        raise
     try:
         sync(worker.loop, drop)
     except Exception as e:

@@ -58,11 +58,13 @@ class Workspaces:
 
     def holds(self, trajectory: str) -> bool:
         """Whether the trajectory's dir is on this node: where it lives, or checked out by a running action."""
-        if self.path(trajectory).exists():
+        p = self.path(trajectory)
+        if p.exists():
             return True
         with self._guard:
             lock = self._locks.get(trajectory)
-        return lock is not None and lock.locked()
+        # checked out, or checked in between the two looks (checkin renames the dir back, then lets the lock go)
+        return lock is not None and lock.locked() or p.exists()
 
     def trajectories(self) -> list[str]:
         with self._guard:
