@@ -86,6 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", default=None, help="directory for the weights file (default: a temporary one)")
     args = ap.parse_args()
+    if args.weights is not None and not Path(args.weights).is_dir():
+        ap.error(f"--weights {args.weights}: no such directory (the script writes its weights file there)")
     with tempfile.TemporaryDirectory() as tmp:
         weights = write_weights(Path(args.weights or tmp) / "units_rm.npz")
         abstract_gpu = {"tangram.worker.nvml": False, "tangram.worker.gpus": 1, "tangram.worker.gpu-memory-gb": 1.0}

@@ -22,6 +22,7 @@ and the model goes to ``cuda:k``, its memory measured by CUDA.
 
 from __future__ import annotations
 
+import os
 import argparse
 import tempfile
 
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--nvml", action="store_true", help="the worker's real GPUs (NVML) instead of an abstract one")
     ap.add_argument("--memory-gb", type=float, default=0.05, help="one replica's GPU memory, as you declare it")
     args = ap.parse_args()
+    if args.model_dir is not None and not os.path.isdir(args.model_dir):
+        ap.error(f"--model-dir {args.model_dir}: no such directory (a model saved with save_pretrained)")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or write_stand_in(tmp)
         gpu = {} if args.nvml else {"tangram.worker.nvml": False, "tangram.worker.gpus": 1,

@@ -74,7 +74,8 @@ def main() -> None:
         reason, out, backend, _ = run(ESCAPE.format(outside=target))
         contained = containment(backend)
         print(f"backend {backend}: contains {sum(c.contained for c in contained.values())} of "
-              f"{len(contained)} hostile cases here; write_outside: {contained['write_outside'].level}")
+              f"{len(contained)} hostile cases here; a write outside its dirs: "
+              f"{_SAID[contained['write_outside'].level]}")
         print(out)
         print("escaped.txt on the host:", os.path.exists(target))
         print("written inside:", run(LEAVE)[1], "-> next action finds (workdir, /tmp):", run(FIND)[1])
@@ -84,6 +85,9 @@ def main() -> None:
         print("granted 1 unit, sandbox CPUs:", run("pass", units=1)[3])
         print("granted 2 units, sandbox CPUs:", run("pass", units=2)[3])
     shutil.rmtree(outside)
+
+
+_SAID = {"yes": "contained", "partial": "partly contained", "no": "NOT contained"}  # (Containment levels)
 
 
 if __name__ == "__main__":

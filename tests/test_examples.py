@@ -134,8 +134,8 @@ def test_sandbox_exec_escape_fails_and_limits_hold():
     text = "\n".join(lines)
     from tangram_dask.sandbox import THREATS
 
-    assert re.match(rf"backend (bwrap|process): contains \d+ of {len(THREATS)} hostile cases here; write_outside: yes",
-                    lines[0])
+    assert re.match(rf"backend (bwrap|process): contains \d+ of {len(THREATS)} hostile cases here; "
+                    r"a write outside its dirs: contained", lines[0])
     assert "WRITTEN" not in text
     assert re.search(r"escaped\.txt refused: \w+", text) and re.search(r"/etc/escaped\.txt refused: \w+", text)
     assert "escaped.txt on the host: False" in lines

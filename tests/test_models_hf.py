@@ -246,3 +246,14 @@ def test_a_registration_makes_gpu_workers_import_the_models_libraries_before_any
         assert after["gpu-off"] == {"prepared": {}, "replicas": 0, "transformers": False}
         assert after["gpu-tiny"] == {"prepared": {"rm-hf": "not prepared here: a replica (0.02 GB) needs 2 GPUs of "
                                                   "0.01 GB, this worker has 1"}, "replicas": 0, "transformers": False}
+
+
+def test_a_model_directory_that_is_not_there_is_named_so(tmp_path):
+    """Before session 34 transformers read the missing path as a Hub repo id ("Repo id must be in the form ...")."""
+    from tangram_dask import ModelError
+    from tangram_dask.models.hf import sequence_classifier
+
+    missing = str(tmp_path / "nope")
+    for call in (lambda: sequence_classifier(missing)(("cpu",)), lambda: sequence_classifier(missing).prepare()):
+        with pytest.raises(ModelError, match="'.*nope' is not a directory on this worker"):
+            call()

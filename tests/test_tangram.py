@@ -1686,3 +1686,33 @@ def test_gpu_waiting_says_what_holds_each_models_replicas():
     (d,) = pol.schedule(1.0)
     assert d.action == 1
     assert pol.gpu_waiting() == (("a", "gpu_shared", 1),)
+
+
+@pytest.mark.parametrize("plan_keep_last", [0.0, 1.0])
+def test_a_load_the_warm_up_plan_alone_asks_for_takes_no_model_its_last_replica(plan_keep_last):
+    """``plan_keep_last``: on the live benchmark's 4 GPUs (small.yaml on cluster-laptop.yaml) the warm-up plan
+    asked for a second 140 GB replica while two of its calls waited; its site evicted both replicas of the 16 GB
+    judge, whose calls (0.2 a second) then came and loaded it back over the first 140 GB replica: 3 loads, ACT
+    3.08 s and step 78.9 s against the simulator's 2.12 / 63.6 and no load (session 34, 3 live runs of 3). A
+    load the plan alone asks for (the model's queue and arrivals would not pay for it) keeps every last replica
+    of a model with demand. Set up here: the 16 GB judge called once 20 s ago, two 140 GB calls waiting."""
+    from tangram_dask.policy import make_policy
+
+    pol = make_policy("tangram", load_cluster(f"{BENCH}/cluster-laptop.yaml"),
+                      load_workload(f"{BENCH}/small.yaml"),
+                      options=TangramOptions(plan_keep_last=plan_keep_last))
+    small = make_spec("judge_small", "gpu", (1, 2), model="rm-small", hint_s=1.0, speedup=0.8)
+    pol.submit("s0", small, 0.0)
+    for d in pol.schedule(0.0):
+        pol.finish(d.action, 1.0, 1.0)
+    for i in range(3):  # one runs, two wait: 6 s of work, under a load's 30 s
+        pol.submit(f"l{i}", make_spec("judge_large", "gpu", 2, model="rm-large", hint_s=3.0), 20.0)
+    pol.schedule(20.0)
+    pol.traj_n, pol._now = 8, 20.0  # (past keep_deployed's 8 ended trajectories: the 16 GB judge is measured)
+    pol._planned = lambda model: True  # the warm-up plan asks for a 140 GB replica
+    assert pol._should_load(pol.pools["rm-large"], 20.0) and not pol._load_pays(pol.pools["rm-large"], 1, 20.0)
+    assert pol._forecast_load == bool(plan_keep_last)
+    pol._loader_starved, pol._loader_density = False, pol._density("rm-large")
+    first, last = pol.gpu.by_model["rm-small"]
+    assert pol._needed("rm-small", 20.0) > 0 and pol._evictable(first, set(), gone=0)
+    assert pol._evictable(last, set(), gone=1) is (not plan_keep_last)

@@ -136,8 +136,11 @@ class PoolTable(DashboardComponent):
                 rows[k].append(v)
             rows["replicas"].append(held.get(pool, "") if res == "gpu" and pool != "gpu" else "")
             if sf:
-                rows["head"].append(f"{sf['requested']} {sf['resource']} ({sf['free']} free, largest node "
-                                    f"{sf['largest']})" + (" never fits" if sf.get("never") else ""))
+                # (free: on the freest node as the page reads it, dispatch-ahead units included; the pool's own
+                # free column counts real units, and the reason was given when the head last tried)
+                ahead = " incl. dispatch-ahead" if sf["resource"] == "cpu" else ""
+                rows["head"].append(f"{sf['requested']} {sf['resource']} (freest node {sf['free']}{ahead}, "
+                                    f"largest node {sf['largest']})" + (" never fits" if sf.get("never") else ""))
                 rows["reason"].append(sf.get("reason") or "")
             else:
                 rows["head"].append("")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -179,6 +180,7 @@ class SequenceClassifierLoader:
         """What a load needs imported, without loading the weights (the worker calls it on registration):
         transformers and accelerate, then the model's own class (its config names it; transformers imports
         it on first use) and its tokenizer. Here, 3.2 s of imports and 2.1 s for the class, then 0.2 s a load."""
+        self._check_dir()
         _import_transformers()
         with _LOAD:
             from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -187,7 +189,16 @@ class SequenceClassifierLoader:
             AutoModelForSequenceClassification._model_mapping[type(config)]  # imports the model's module
             AutoTokenizer.from_pretrained(self.path)
 
+    def _check_dir(self) -> None:
+        """The model's directory is read on the worker: one that is not there is named as such (transformers
+        would read the path as a Hub repo id and say "Repo id must be in the form ..." instead)."""
+        if not os.path.isdir(self.path):
+            raise ModelError(f"sequence_classifier: {self.path!r} is not a directory on this worker "
+                             f"({socket.gethostname()}); give the directory of a model saved with save_pretrained, "
+                             "present on every GPU worker")
+
     def __call__(self, devices: tuple[str, ...]) -> SequenceClassifierScorer:
+        self._check_dir()
         _import_transformers()
         with _LOAD:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -64,6 +64,7 @@ class Residency:
           over 30 s, held for the rest of the step, loaded the vision judge twice at 64 s on
           ``small-gpu53`` (seed 1087), which then lost its step (0.946 -> 1.019x static's).
         """
+        self._forecast_load = False  # (plan_keep_last reads _should_load's verdict only)
         gp = self.gpu
         opt = self.opt
         rest = -1.0
@@ -134,6 +135,7 @@ class Residency:
         ``evict_wait`` of its work (Erlang C), one load of the model at a time; each model is looked
         at once a second at most.
         """
+        self._forecast_load = False
         gp = self.gpu
         rho = (gp.total - gp.idle) / max(gp.total, 1)
         price = self.opt.price * rho / (1.0 - rho) if rho < 1.0 else math.inf
@@ -239,14 +241,21 @@ class Residency:
         one of its actions cannot start.
         """
         model = pool.name
+        self._forecast_load = False
         reps = self.gpu.open_replicas(model)  # those on a cordoned node (a paused worker's) serve nothing now
         if reps == 0:
             return True
         if self._planned(model):
             # those in flight keep this model's replicas over plan_busy busy: a replica more shortens its
             # queues before they grow (and, past admission_model busy, admits more trajectories)
+            if self.opt.plan_keep_last:
+                self._forecast_load = not self._load_pays(pool, reps, now)
             return True
-        load_s = self.models[model].load_s
+        return self._load_pays(pool, reps, now)
+
+    def _load_pays(self, pool: Pool, reps: int, now: float) -> bool:
+        """``_should_load``'s test on the model's demand (its queue and recent arrivals), not the warm-up plan."""
+        load_s = self.models[pool.name].load_s
         bar = self.opt.load_patience * reps * load_s
         coming = pool.demand.rate(now) * load_s if self.opt.residency else 0.0
         if coming > bar:
@@ -630,6 +639,8 @@ class Residency:
             return False
         if not self.opt.residency:
             return True
+        if reps <= 1 and self._forecast_load and not self._loader_starved and self._needed(r.model, self._now) > 0:
+            return False  # plan_keep_last: a forecast does not take a model with demand its last replica
         if rid in self._unpaid and not self._loader_starved:
             return False  # loaded here and not paid back yet: it has served less work than its load took
         if ((r.model not in self.pools or self._unseen_deployed(r.model)) and self.traj_n < 8

@@ -111,6 +111,7 @@ class TangramOptions:
     admission_open: float = 12.0  # >0: with admission_model, this many first, until 4 actions were seen
     plan_loads: float = 1.0     # >0: in warm-up, a model whose replicas cannot serve this x those in flight at
                                 # plan_busy busy loads one as soon as one of its actions waits
+    plan_keep_last: float = 1.0  # >0: a load the warm-up plan alone asks for evicts no model's last replica
     plan_busy: float = 0.2      # (with plan_loads) that share busy (0: admission_model, 0.5, as before session 20)
     plan_at_once: float = 1.0   # 1 (with plan_loads): a tool model loads every replica plan_loads calls for at once,
                                 # not one per action of it waiting
@@ -295,6 +296,7 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
         self.fresh: set[str] = set()  # admitted, no action issued yet: their demand is not seen
         self._loader_density = 0.0  # demand per GB of the model a load is being planned for
         self._loader_starved = False  # that model has no replica at all
+        self._forecast_load = False  # plan_keep_last: the load asked for is the warm-up plan's alone (_should_load)
         self._deployed = frozenset(r.model for r in self.gpu.replicas.values())  # resident before the step
         self._unpaid: dict[ReplicaId, float] = {}  # replicas this policy loaded -> seconds of work still owed
         self._loading: dict[ReplicaId, str] = {}  # replicas whose loading action has not finished -> model

@@ -616,8 +616,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(out))
         return
     print(f"backend={out['backend']} worker uid={out['uid']} isolated={out['isolated']}")
+    print(f"{'case':18s} {'contained':9s} how its run ended")
     for name, c in out["cases"].items():
-        print(f"{name:18s} {c['verdict']:8s} {c['obs'].get('reason', '')}")
+        print(f"{name:18s} {c['verdict']:9s} {c['obs'].get('reason', '')}")
 
 
 if __name__ == "__main__":
