@@ -325,9 +325,9 @@ def main() -> None:
     by_fam: dict[str, list[dict]] = {}
     for r in results:
         by_fam.setdefault(r["family"], []).append(r)
-        par = r["parity"] if r["parity"] is not None else float("nan")
+        par = f"{r['parity']:>7.2f}" if r["parity"] is not None else f"{'-':>7}"  # (-: not asked, --parity)
         print(f"{r['variant']:<16}{r['cluster']:<10}" + "".join(f"{x:>11.3f}" for x in r["ratios"])
-              + f"{par:>7.2f}{r['loads']:>6}{r['fifo_loads']:>6}{r['restores']:>5}")
+              + f"{par}{r['loads']:>6}{r['fifo_loads']:>6}{r['restores']:>5}")
     for fam, rs in by_fam.items():
         m = np.array([r["ratios"] for r in rs])
         print(f"\nfamily {fam}: {len(rs)} variants; tangram's ACT and step below static's on "

@@ -111,6 +111,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
 
 
 def parse_cluster(data: Any, path: str = "<cluster>") -> ClusterSpec:
+    if isinstance(data, dict) and "tools" in data and "cpu" not in data and "gpu" not in data:
+        raise FileFormatError(path, "cpu", "this looks like a workload file (tools, no cpu or gpu nodes): the workload "
+                                           "comes first, then the cluster (resources/bench/WORKLOAD.md)")
     r = Reader(path, data)
     name = r.get("name", text)
     cpu_nodes: list[CpuNode] = []

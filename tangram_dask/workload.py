@@ -253,6 +253,9 @@ def load_workload(path: str | Path) -> WorkloadSpec:
 
 
 def parse_workload(data: Any, path: str = "<workload>") -> WorkloadSpec:
+    if isinstance(data, dict) and ("cpu" in data or "gpu" in data) and "tools" not in data:
+        raise FileFormatError(path, "tools", "this looks like a cluster file (cpu/gpu nodes, no tools): the workload "
+                                             "comes first, then the cluster (resources/bench/WORKLOAD.md)")
     r = Reader(path, data)
     name = r.get("name", text)
     seed = r.get("seed", whole(0))

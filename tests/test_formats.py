@@ -154,6 +154,14 @@ def test_top_level_not_a_mapping():
     assert info.value.key == "<top>"
 
 
+def test_the_two_files_swapped_are_named_as_such():
+    """``tangram-dask bench CLUSTER WORKLOAD``: before session 34 it said "seed: required key is missing"."""
+    with pytest.raises(FileFormatError, match="looks like a cluster file.*the workload comes first"):
+        load_workload(f"{BENCH}/cluster-laptop.yaml")
+    with pytest.raises(FileFormatError, match="looks like a workload file.*the workload comes first"):
+        load_cluster(f"{BENCH}/small.yaml")
+
+
 def test_error_from_a_file_names_the_path(tmp_path):
     data = _gpu_workload()
     data["tools"][1]["units"] = {"min": 3, "max": 1}
