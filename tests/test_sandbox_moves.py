@@ -90,22 +90,29 @@ def checked_out(trajectory: str, dask_worker=None) -> bool:
     return lock is not None and lock.locked() and not ws.path(trajectory).exists()
 
 
+def _held_at_home(client, trajectory: str, hold_s: float):
+    """The trajectory writes 'a' at home, then a second action of it writes 'b' and holds the dir there for
+    ``hold_s`` (its code sleeps): returns its action annotations, home, and that second action's future, once
+    the dir is checked out."""
+    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory=trajectory, affinity="trajectory",
+                    restore_s=0.001)
+    with tangram_dask.action(**stateful):
+        home = client.submit(step, "open('log', 'a').write('a')", pure=False).result(timeout=60)["worker"]
+    with tangram_dask.action(**stateful):
+        busy = client.submit(step, f"import time; open('log', 'a').write('b'); time.sleep({hold_s})", pure=False)
+    deadline = time.monotonic() + 30
+    while not client.run(checked_out, trajectory, workers=[home])[home]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return stateful, home, busy
+
+
 def test_an_action_moved_while_another_of_its_trajectory_runs_at_home_waits_for_the_dir(client):
     """Two actions of one trajectory overlap: the first runs at home with the dir (its code sleeps 3 s), the
     second is moved to the other worker. Its restore waits for the first to give the dir back and then takes
     what it wrote. Before session 34 the home answered "nothing here" while the dir was checked out, and the
     moved action began with an empty dir, in silence, forking the trajectory (a helper's review found it)."""
-    stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-3", affinity="trajectory",
-                    restore_s=0.001)
-    with tangram_dask.action(**stateful):
-        first = client.submit(step, "open('log', 'a').write('a')", pure=False).result(timeout=60)
-    home = first["worker"]
-    with tangram_dask.action(**stateful):
-        busy = client.submit(step, "import time; open('log', 'a').write('b'); time.sleep(3)", pure=False)
-    deadline = time.monotonic() + 30
-    while not client.run(checked_out, "t-3", workers=[home])[home]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    stateful, home, busy = _held_at_home(client, "t-3", hold_s=3)
     with tangram_dask.action(**stateful):
         moved = client.submit(step, "open('log', 'a').write('c'); print(open('log').read())", pure=False)
     out = moved.result(timeout=60)
@@ -147,16 +154,7 @@ def test_a_move_that_times_out_waiting_for_the_dir_leaves_the_trajectory_at_home
                       dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]}) as cluster, \
             Client(cluster) as client:
         client.register_plugin(SandboxPlugin(size=1, start_timeout_s=2))
-        stateful = dict(kind="edit", resource="cpu", units=1, hint_s=0.5, trajectory="t-4", affinity="trajectory",
-                        restore_s=0.001)
-        with tangram_dask.action(**stateful):
-            home = client.submit(step, "open('log', 'a').write('a')", pure=False).result(timeout=60)["worker"]
-        with tangram_dask.action(**stateful):
-            busy = client.submit(step, "import time; open('log', 'a').write('b'); time.sleep(6)", pure=False)
-        deadline = time.monotonic() + 30
-        while not client.run(checked_out, "t-4", workers=[home])[home]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        stateful, home, busy = _held_at_home(client, "t-4", hold_s=6)
         with tangram_dask.action(**stateful):
             moved = client.submit(step, "print(open('log').read())", pure=False)
             with pytest.raises(tangram_dask.SandboxError, match="could not be moved here.*cannot move yet"):
