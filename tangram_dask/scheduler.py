@@ -285,8 +285,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         o = self.options
         cluster = ClusterSpec("live", api_tokens=o.api_tokens, cold_start_s=o.cold_start_s,
                               warm_start_s=o.warm_start_s, cross_group_slowdown=o.cross_group_slowdown)
-        ttl = o.trajectory_ttl_s or None
-        # (lost-wait-s is wall seconds, as the user reads it; the policy's clock runs at 1 / time_scale)
+        # (trajectory-ttl-s and lost-wait-s are wall seconds, as the user reads them; the policy's clock runs at
+        # 1 / time_scale: before session 34 the TTL was read in policy time, a fifth of it at time_scale 0.2)
+        ttl = o.trajectory_ttl_s / o.time_scale if o.trajectory_ttl_s else None
         kw = {"trajectory_ttl_s": ttl, "wait_unplaceable": o.wait_for_capacity,
               "lost_wait_s": o.lost_wait_s / o.time_scale}
         if o.policy == "tangram":

@@ -378,3 +378,16 @@ def test_any_config_validates_or_raises_config_error(sched, models, worker):
         except ConfigError:
             return
     assert opts.policy in ("tangram", "fifo") and type(opts.pipeline) is int and type(opts.time_scale) is float
+
+
+def test_the_plugins_wall_seconds_reach_the_policy_on_its_clock():
+    """``trajectory-ttl-s`` and ``lost-wait-s`` are wall seconds; the policy's clock runs at 1 / time_scale (the
+    live bench replays at 0.2), so it reads them divided by the time scale. Before session 34 the TTL was read in
+    policy time: at 0.2, a fifth of what the user set."""
+    from tangram_dask.scheduler import TangramSchedulerPlugin
+
+    opts = PluginOptions.from_config(time_scale=0.2, trajectory_ttl_s=10.0, lost_wait_s=30.0)
+    pol = TangramSchedulerPlugin(options=opts).build_policy()
+    assert (pol.trajectory_ttl_s, pol.lost_wait_s) == pytest.approx((50.0, 150.0))
+    pol = TangramSchedulerPlugin(options=PluginOptions.from_config(trajectory_ttl_s=0, lost_wait_s=0)).build_policy()
+    assert (pol.trajectory_ttl_s, pol.lost_wait_s) == (None, 0.0)
