@@ -199,8 +199,7 @@ class Policy:
 
     def _measure_capacity(self) -> Capacity:
         cpu, gp = self.cpu, self.gpu
-        shapes = sorted({GpuShape(st.spec.gpus, st.spec.gpu_memory_gb) for st in gp.nodes.values()},
-                        key=lambda s: (s.gpus, s.gpu_memory_gb))
+        shapes = sorted({GpuShape(st.spec.gpus, st.spec.gpu_memory_gb) for st in gp.nodes.values()})
         return Capacity(max(cpu.limit.values(), default=0), len(cpu.limit), self.api.total, tuple(shapes))
 
     def _nodes_changed(self, models_changed: bool = False) -> None:
@@ -248,8 +247,7 @@ class Policy:
             return
         if cap.cpu_largest > had.cpu_largest or not set(cap.gpu_shapes) <= shapes:  # more joined beside what left
             self._had = Capacity(max(had.cpu_largest, cap.cpu_largest), max(had.cpu_nodes, cap.cpu_nodes),
-                                 cap.api_tokens, tuple(sorted(shapes | set(cap.gpu_shapes),
-                                                              key=lambda s: (s.gpus, s.gpu_memory_gb))))
+                                 cap.api_tokens, tuple(sorted(shapes | set(cap.gpu_shapes))))
         if self._lost_at is None or cap.cpu_largest < old.cpu_largest or not set(old.gpu_shapes) <= set(cap.gpu_shapes):
             self._lost_at = math.nan  # stamped by the next schedule(now)
 

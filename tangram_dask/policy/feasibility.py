@@ -27,8 +27,10 @@ from ..spec import ActionSpec
 from .types import Shortfall
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class GpuShape:
+    """A GPU node's shape; ordered by GPUs, then memory (``Capacity.gpu_shapes`` keeps them sorted)."""
+
     gpus: int
     gpu_memory_gb: float
 
@@ -44,8 +46,7 @@ class Capacity:
 
     @classmethod
     def of_cluster(cls, cluster: ClusterSpec) -> "Capacity":
-        shapes = sorted({GpuShape(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes},
-                        key=lambda s: (s.gpus, s.gpu_memory_gb))
+        shapes = sorted({GpuShape(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes})
         return cls(max((n.slots for n in cluster.cpu_nodes), default=0), len(cluster.cpu_nodes),
                    cluster.api_tokens, tuple(shapes))
 
