@@ -41,8 +41,18 @@ def _missing(address: str) -> PluginMissingError:
 
 
 async def _scheduler_has_plugin(client: Any) -> bool:
-    # A scheduler without the handler answers None (and logs "No handler tangram_snapshot found");
-    # with the plugin the answer is its snapshot, a dict. A handler that raised still proves the plugin.
+    # First the scheduler's handler table is read (run_on_scheduler, a function shipped by value, so a scheduler
+    # without tangram_dask installed can run it): a scheduler without the plugin then logs nothing. Where that is
+    # refused (distributed.scheduler.pickle off), the snapshot handler itself is called: a scheduler without it
+    # answers None and logs "No handler tangram_snapshot found" with a traceback; with the plugin the answer is
+    # its snapshot, a dict. A handler that raised still proves the plugin.
+    try:
+        return bool(await client._run_on_scheduler(lambda dask_scheduler, h=SNAPSHOT_HANDLER:
+                                                   h in dask_scheduler.handlers))
+    except (OSError, TimeoutError):
+        raise
+    except Exception:
+        pass
     try:
         reply = await getattr(client.scheduler, SNAPSHOT_HANDLER)()
     except (OSError, TimeoutError):

@@ -65,6 +65,32 @@ def test_no_plugin_raises_with_the_fix_and_submits_nothing(plain, call, monkeypa
     assert plain.scheduler_info()["id"] and not plain.run_on_scheduler(lambda dask_scheduler: dask_scheduler.tasks)
 
 
+def test_the_check_leaves_no_traceback_in_the_scheduler_log(plain, caplog):
+    # asked by calling the handler, a scheduler without it logged distributed's "No handler tangram_snapshot
+    # found" with a KeyError traceback on every annotated submit; the handler table is read instead
+    with caplog.at_level(logging.DEBUG, logger="distributed"):
+        for _ in range(2):
+            with pytest.raises(PluginMissingError):
+                _with_action(plain)
+    noisy = [r.getMessage() for r in caplog.records if "No handler" in r.getMessage() or r.exc_info]
+    assert noisy == []
+
+
+def test_where_run_on_scheduler_fails_the_handler_is_asked(plain, caplog, monkeypatch):
+    # a scheduler that will not run the function (distributed once let pickling be turned off): the check calls
+    # the handler, as before, and answers the same
+    async def refused(*args, **kwargs):
+        raise ValueError("Cannot run function as the scheduler has been explicitly disallowed from pickle")
+
+    monkeypatch.setattr(plain, "_run_on_scheduler", refused)
+    with caplog.at_level(logging.WARNING, logger="distributed.core"):
+        with pytest.raises(PluginMissingError):
+            _with_action(plain)
+    assert any("No handler tangram_snapshot" in r.getMessage() for r in caplog.records)
+    plain.register_plugin(TangramSchedulerPlugin("fifo"))
+    assert _with_action(plain).result(timeout=30) == 1
+
+
 def test_with_the_plugin_actions_run_and_the_answer_is_cached(monkeypatch):
     asked = []
     real = annotate._scheduler_has_plugin
