@@ -38,6 +38,7 @@ ends, and it exits with status 130.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -148,6 +149,25 @@ def _pool_ready(timeout: float, dask_worker: Any = None) -> bool:
     plugin = dask_worker.plugins.get(PLUGIN_NAME) if dask_worker is not None else None
     pool = getattr(plugin, "pool", None)
     return pool is None or pool.wait_ready(timeout)
+
+
+HEARTBEAT_AT_CLOSE = "Failed to communicate with scheduler during heartbeat"
+
+
+class _TeardownHeartbeat(logging.Filter):
+    """Drops a worker's heartbeat error once the demo closes its cluster: a heartbeat in flight when the
+    scheduler closes meets a closed stream (distributed logs it, with a CommClosedError traceback), which is
+    the close itself, not a fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(HEARTBEAT_AT_CLOSE)
+
+
+def _closing(dask_worker: Any = None) -> None:
+    """Run on each worker just before the demo closes the cluster (see :class:`_TeardownHeartbeat`)."""
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _TeardownHeartbeat) for f in log.filters):
+        log.addFilter(_TeardownHeartbeat())
 
 
 # -- what runs where ------------------------------------------------------------------------------------
@@ -500,7 +520,6 @@ def run_policy(policy: str, plan: list[TrajectoryPlan], opts: DemoOptions, rewar
                sandbox: dict[str, Any], workdir: str, stop: Stop, progress: Progress,
                log: Callable[[str], None]) -> PolicyRun:
     """A fresh LocalCluster with ``policy``, the rollout on it, its figures; closes everything it started."""
-    import logging
     import warnings
 
     import dask
@@ -553,6 +572,11 @@ def run_policy(policy: str, plan: list[TrajectoryPlan], opts: DemoOptions, rewar
         run.plugin = plugin.snapshot().get("plugin", {})
     finally:
         before.update(descendants())
+        if client is not None:
+            try:
+                client.run(_closing, callback_timeout=5)
+            except Exception:  # a worker already gone: its heartbeat cannot be in flight
+                pass
         for closing in (client, cluster):
             if closing is not None:
                 try:
