@@ -15,7 +15,7 @@ import urllib.request
 
 import prometheus_client
 import pytest
-from distributed import Client, Event, LocalCluster, Nanny, Scheduler
+from distributed import Client, Event, LocalCluster, Nanny, Scheduler, Worker
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient
 
@@ -247,6 +247,25 @@ def test_register_plugin_on_a_running_scheduler_adds_the_page(monkeypatch):
             assert page.count("data-root-id") >= 7  # the seven plots of the template
             status = (await http.fetch(base + "/status")).body.decode()
             assert 'href="tangram"' in status
+    asyncio.run(main())
+
+
+def test_register_plugin_counts_every_submission():
+    """``client.register_plugin`` starts the plugin before adding it, so the monitor its start adds sees each
+    transition before the plugin does: the submissions were counted from the plugin's ``arrived``, set only
+    later in the same transition, and ``actions_submitted_total`` stayed at 0 while 5 actions finished."""
+    from tangram_dask.dashboard import find_view
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0) as s, \
+                Worker(s.address, nthreads=2, resources={"slots": 2}), \
+                Client(s.address, asynchronous=True) as c:
+            await c.register_plugin(TangramSchedulerPlugin())
+            with tangram_dask.action(kind="counted", resource="cpu", units=1, hint_s=0.01):
+                futs = [c.submit(work, 0.01, pure=False) for _ in range(5)]
+            assert await c.gather(futs) == [0.01] * 5
+            t = find_view(s).state(fresh=True)["act"]["totals"]["counted"]
+            assert (t["submitted"], t["finished"], t["failed"]) == (5, 5, 0)
     asyncio.run(main())
 
 

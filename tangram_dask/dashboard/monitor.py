@@ -222,9 +222,13 @@ class TangramMonitor(SchedulerPlugin):
             return
         spec = a.spec
         kind, resource = (spec.kind, spec.resource) if spec is not None else ("malformed", "")
-        if finish == "no-worker":  # the plugin set the submit time (t0) on the record at its first arrival
+        if finish == "no-worker":  # the plugin sets the submit time (t0) on the record at its first arrival
+            # Seen after the plugin, a first arrival is the one it names in ``arrived``. Seen before it, the
+            # record has no t0 yet: ``client.register_plugin`` starts a plugin before it adds it to
+            # ``scheduler.plugins``, so the monitor its start adds comes first (and ``arrived`` is the last
+            # transition's). Counted from ``arrived`` alone, that path counted no submission at all.
             arrived = self.plugin.arrived
-            if arrived is not None and arrived == key and a.error is None:
+            if a.error is None and (a.t0 is None or (arrived is not None and arrived == key)):
                 self.stats.submit(kind, resource)  # one that errs at once (bad spec) was never submitted
             return
         if a.t0 is None:
