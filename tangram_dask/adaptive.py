@@ -41,8 +41,10 @@ trajectory state on them goes first. Tests are tables of named cases
 Worker kinds come from ``kinds=`` or the dask config ``tangram.adaptive.kinds``
 (a list of ``{name, slots}`` or ``{name, gpus, gpu-memory-gb, groups}``); a
 worker is of the kind whose shape it declares. Without them each distinct
-shape among the current workers is a kind (``cpu-4``, ``gpu-2x24``), which
-is enough for ``cluster.adapt()`` on a LocalCluster.
+shape among the current workers is a kind (``cpu-4``, ``gpu-2x24``), and
+so are the shapes seen before of a role no current worker has (a pool
+adapted down to no worker grows again), which is enough for
+``cluster.adapt()`` on a LocalCluster.
 """
 
 from __future__ import annotations
@@ -453,15 +455,27 @@ class AdaptiveExtension:
         self.stats = DrainStats()
         self._drain_lock = asyncio.Lock()
         self.autoscaled = False
+        #: the (slots, gpus, gpu_memory_gb) shapes of the workers seen, without configured kinds (:meth:`kinds`)
+        self._seen: dict[tuple[int, int, float], None] = {}
         #: workers a scaler drained for retirement (address -> expiry, monotonic); while any is
         #: unexpired, only they are offered (so shrinking one group never retires another's worker)
         self.reserved: dict[str, float] = {}
 
     # -- reading the world -------------------------------------------------------------------
     def kinds(self) -> tuple[WorkerKind, ...]:
+        """The configured kinds, else the shapes of the current workers, and the shapes seen before of a role
+        (CPU, GPU) no current worker has: a pool adapted down to no worker (``cluster.adapt()``'s minimum is 0)
+        still knows what to grow. With the current shapes only, it asked for 0 workers and waited for ever."""
         if self._kinds:
             return self._kinds
-        return kinds_from_shapes((d.slots, d.gpus, d.gpu_memory_gb) for d in self.plugin.nodes.values())
+        now = dict.fromkeys((d.slots, d.gpus, d.gpu_memory_gb) for d in self.plugin.nodes.values())
+        for shape in now:
+            self._seen.pop(shape, None)
+            self._seen[shape] = None  # the most recent last
+        roles = {"gpu" if g else "cpu" for s, g, _ in now if s or g}
+        gone = [shape for shape in reversed(self._seen) if shape not in now and
+                ("gpu" if shape[1] else "cpu") not in roles]
+        return kinds_from_shapes([*now, *gone])
 
     def worker_kinds(self, kinds: Sequence[WorkerKind]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}

@@ -186,6 +186,21 @@ def test_adapt_grows_while_actions_wait_and_shrinks_when_they_drain():
         wait_for(lambda: len(cluster.scheduler.workers) == 1, timeout=60, what="back to 1 worker")
 
 
+def test_adapt_down_to_no_worker_grows_again():
+    """Without configured kinds, the kinds were the shapes of the current workers only: ``cluster.adapt()``
+    (minimum 0, Dask's default) shrank an idle cluster to no worker, then knew no kind, asked for 0 workers
+    and an action submitted next waited for ever. A shape seen stays a kind while no worker has its role."""
+    plugin = tangram_dask.TangramSchedulerPlugin("tangram", pipeline=0)
+    with LocalCluster(n_workers=1, threads_per_worker=1, resources={"slots": 1}, processes=False,
+                      dashboard_address=":0", scheduler_kwargs={"plugins": [plugin]}) as cluster, \
+            Client(cluster) as client:
+        cluster.adapt(minimum=0, maximum=2, interval="200ms", wait_count=2)
+        wait_for(lambda: not cluster.scheduler.workers, timeout=60, what="no worker")
+        with tangram_dask.action(kind="after", resource="cpu", units=1, hint_s=0.1):
+            fut = client.submit(str, "back", pure=False)
+        assert fut.result(timeout=60) == "back"
+
+
 def test_by_default_a_trajectorys_home_pins_its_worker(cluster_client):
     cluster, client = cluster_client
     ext = cluster.scheduler.plugins[EXTENSION_NAME]
