@@ -719,6 +719,10 @@ class TangramSchedulerPlugin(SchedulerPlugin):
                 # released (its input was lost with a worker): it waits again once its input is computed again,
                 # keeping its first place and counted once (its record, with its submit time, is kept)
                 self._done(key, self.scheduler.tasks.get(key), keep=finish == "released")
+            elif finish == "erred" and a.state == NEW:
+                # a dependency erred before it arrived (Dask errs it from waiting): it never reaches the policy.
+                # Its record went only when the task was forgotten, and showed as waiting until then
+                self._done(key, self.scheduler.tasks.get(key))
             if finish == "forgotten":
                 self.actions.pop(key, None)
                 if a.spec is not None and self.policy is not None:  # (cancelled ones: gone for good now)

@@ -269,6 +269,33 @@ def test_register_plugin_counts_every_submission():
     asyncio.run(main())
 
 
+def _boom(x: float) -> float:
+    raise ValueError("boom")
+
+
+def test_an_action_whose_dependency_erred_is_not_shown_waiting():
+    """Dask errs a task whose dependency erred straight from ``waiting``; its action never arrived, and its
+    record stayed: the page and ``dask_tangram_actions{state="waiting"}`` counted it for as long as its
+    future was held."""
+    from tangram_dask.dashboard import find_view
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0, plugins=[TangramSchedulerPlugin()]) as s, \
+                Worker(s.address, nthreads=2, resources={"slots": 2}), \
+                Client(s.address, asynchronous=True) as c:
+            with tangram_dask.action(kind="first", resource="cpu", units=1, hint_s=0.01):
+                a = c.submit(_boom, 1.0, pure=False)
+            with tangram_dask.action(kind="second", resource="cpu", units=1, hint_s=0.01):
+                bs = [c.submit(work, a, pure=False) for _ in range(3)]
+            for b in bs:
+                with pytest.raises(ValueError):
+                    await b
+            assert [s.tasks[b.key].state for b in bs] == ["erred"] * 3
+            assert find_view(s).state(fresh=True)["actions"] == []
+            assert not s.plugins["tangram"].actions
+    asyncio.run(main())
+
+
 def test_several_schedulers_in_one_process_do_not_collide():
     async def main() -> None:
         http = AsyncHTTPClient()
