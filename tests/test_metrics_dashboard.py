@@ -296,6 +296,38 @@ def test_an_action_whose_dependency_erred_is_not_shown_waiting():
     asyncio.run(main())
 
 
+def test_a_departed_workers_series_leave_with_it():
+    """``sandbox_cold_starts_total{worker}`` and ``model_evictions_total{worker}`` kept a series for every worker
+    that ever joined: under ``cluster.adapt()`` each new worker is a new address, so the label set (and the
+    monitor's counters) grew for as long as the scheduler ran. A worker's series go when it leaves."""
+    from tangram_dask.dashboard import find_view
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0, plugins=[TangramSchedulerPlugin()]) as s, \
+                Client(s.address, asynchronous=True) as c:
+            seen = set()
+            for i in range(3):  # three workers in turn, as adapt makes them
+                async with Worker(s.address, nthreads=2, resources={"slots": 2}) as w:
+                    with tangram_dask.action(kind="step", resource="cpu", units=1, hint_s=0.01):
+                        await c.submit(work, 0.01, pure=False)
+                    mon = find_view(s).monitor
+                    mon.counters.cold_starts[w.address] = mon.counters.evictions[w.address] = 1  # as _placed counts
+                    find_view(s).state(fresh=True)  # (a scrape reuses a build for 0.9 s)
+                    fams = families(prometheus_client.generate_latest().decode())
+                    assert {x.labels["worker"] for x in fams["dask_tangram_sandbox_cold_starts"].samples
+                            if x.labels["scheduler"] == s.address} == {w.address}
+                    seen.add(w.address)
+                while w.address in s.workers:
+                    await asyncio.sleep(0.01)
+            find_view(s).state(fresh=True)
+            fams = families(prometheus_client.generate_latest().decode())
+            left = {x.labels["worker"] for name in ("sandbox_cold_starts", "model_evictions")
+                    for x in fams[f"dask_tangram_{name}"].samples if x.labels["scheduler"] == s.address}
+            assert not left & seen, left
+            assert not mon.counters.cold_starts and not mon.counters.evictions
+    asyncio.run(main())
+
+
 def test_several_schedulers_in_one_process_do_not_collide():
     async def main() -> None:
         http = AsyncHTTPClient()

@@ -206,6 +206,13 @@ class TangramMonitor(SchedulerPlugin):
         if d.evict:
             emit(sched, "eviction", worker=d.node, replicas=[int(e) for e in d.evict], model=d.model)
 
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        """A worker left: its counters (and so its ``{worker}`` series) go with it. A new worker is a new
+        address (``cluster.adapt()``, a restart), so they grew for as long as the scheduler ran."""
+        c = self.counters
+        c.evictions.pop(worker, None)
+        c.cold_starts.pop(worker, None)
+
     def _record(self, key: Hashable) -> Any:
         """The tangram plugin's record of ``key``: live, or the one that left it in this very transition
         (the tangram plugin sees each transition first; the monitor keeps nothing per action itself)."""
