@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import urllib.request
 
@@ -347,6 +348,41 @@ def test_several_schedulers_in_one_process_do_not_collide():
         text = prometheus_client.generate_latest().decode()
         assert a.address not in text and b.address not in text
     asyncio.run(main())
+
+
+def test_a_collector_that_raises_leaves_the_rest_of_metrics(caplog):
+    """One collector's bug (here: a's, made to raise) cost the whole /metrics page, Dask's own metrics
+    included, of every scheduler in the process; now its families alone are missing, and it is logged."""
+    from tangram_dask.dashboard import metrics
+
+    async def main() -> None:
+        http = AsyncHTTPClient()
+        async with Scheduler(dashboard_address="127.0.0.1:0", port=0,
+                             plugins=[TangramSchedulerPlugin(api_tokens=3)]) as a, \
+                Scheduler(dashboard_address="127.0.0.1:0", port=0,
+                          plugins=[TangramSchedulerPlugin(api_tokens=5)]) as b:
+            broken = [c for c in (r() for r in metrics._hub.collectors) if c is not None and c.server is a]
+            assert broken
+
+            def collect():
+                raise RuntimeError("a collector's bug")
+                yield
+
+            for c in broken:
+                c.collect = collect
+            for _ in range(2):
+                for s in (a, b):
+                    text = (await http.fetch(f"http://127.0.0.1:{s.http_server.port}/metrics")).body.decode()
+                    assert "dask_scheduler_workers" in {f.name for f in text_string_to_metric_families(text)}
+                    fams = families(text)
+                    free = {x.labels["scheduler"] for x in fams["dask_tangram_units_free"].samples}
+                    assert b.address in free and a.address not in free
+            logged = [r for r in caplog.records if "could not be collected" in r.getMessage()]
+            assert logged and logged[0].exc_info and "a collector's bug" in str(logged[0].exc_info[1])
+            assert a.address in logged[0].getMessage()
+            assert sum(r.levelname == "WARNING" for r in logged) == 1  # once with its trace, not every scrape
+    with caplog.at_level(logging.DEBUG, logger="tangram_dask.dashboard.metrics"):
+        asyncio.run(main())
 
 
 # -- the aggregator -----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ Worker families (from the worker's sandbox pool statistics):
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Iterator
@@ -48,6 +49,8 @@ from typing import Any, Callable
 import prometheus_client
 from distributed.http.prometheus import PrometheusCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+logger = logging.getLogger(__name__)
 
 SUBSYSTEM = "tangram"
 
@@ -227,6 +230,7 @@ class _Hub:
         self.lock = threading.Lock()
         self.collectors: list[weakref.ref] = []
         self.registered = False
+        self.failed: set[int] = set()  # collectors whose collect() raised (the first time is logged with its trace)
 
     def describe(self) -> list[Metric]:  # no names up front: the registry must not call collect() to find them
         return []
@@ -238,7 +242,16 @@ class _Hub:
         for c in live:
             if getattr(c.server, "status", None) is not None and c.server.status.name in ("closing", "closed"):
                 continue
-            for fam in c.collect():
+            try:
+                fams = list(c.collect())
+            except Exception:  # one collector's bug must not take the page (and Dask's own metrics) down
+                first = id(c) not in self.failed
+                self.failed.add(id(c))
+                logger.log(logging.WARNING if first else logging.DEBUG,
+                           "tangram: the metrics of %s could not be collected; the rest of /metrics is served",
+                           c.address(), exc_info=True)
+                continue
+            for fam in fams:
                 m = merged.get(fam.name)
                 if m is None:
                     merged[fam.name] = fam
