@@ -73,6 +73,9 @@ class SchedulerResidency:
     # that replica tries the load again, and that second failure is the same action's: it does not count again
     _retrying: dict = field(default_factory=dict)
     _evicting: set = field(default_factory=set)  # (worker, replica) evict requests in flight
+    # model -> the (worker, replica) of an earlier loader still resident when it was registered with a new one: the
+    # policy counts the model at least as big as the largest of them until they have left (_old_floor)
+    _old_loader: dict = field(default_factory=dict)
 
     def install(self, reconcile_s: float = 1.0) -> None:
         from tornado.ioloop import PeriodicCallback
@@ -100,22 +103,20 @@ class SchedulerResidency:
         self.broken_since.pop(reg.name, None)
         if self.plugin.policy is not None:  # (set_model below runs only if its figures changed)
             self.plugin.policy.model_mended(reg.name)
-        m = self.measured.get(reg.name)
-        if m is not None and old is not None and old.loader == reg.loader:
-            # the same loader registered again (a second client, a notebook cell run twice): what its loads
-            # measured still holds, and its replicas resident at that size stay. Before session 31 a smaller
-            # memory_gb here shrank them in the policy's ledger: another model was then placed beside one on a
-            # GPU without the room, its worker refused it, and each of its actions failed, blaming it
-            self._tell_policy(ModelSpec(reg.name, m.memory_gb, m.planned_load_s / self._time_scale()))
-        else:
-            self.measured.pop(reg.name, None)  # a new loader: measure again
-            gb = reg.memory_gb
-            if m is not None and any(r.model == reg.name and r.state == "resident"
-                                     for reps in self.replicas.values() for r in reps.values()):
-                # replicas of the old loader stay resident at their measured size: the policy's ledger keeps
-                # them at least that big until the new loader's first load measures it
-                gb = max(gb, m.memory_gb)
-            self._tell_policy(ModelSpec(reg.name, gb, reg.load_s))
+        if old is None or old.loader != reg.loader or reg.name not in self.measured:
+            # a new loader: measure again. The same loader registered again (a second client, a notebook cell run
+            # twice) keeps what its loads measured, and its replicas resident at that size stay. Before session 31
+            # a smaller memory_gb here shrank them in the policy's ledger: another model was then placed beside
+            # one on a GPU without the room, its worker refused it, and each of its actions failed, blaming it
+            self.measured.pop(reg.name, None)
+            if old is not None:
+                # the old loader's replicas stay resident at their measured size: the policy's ledger counts the
+                # model at least that big until they have left, also once the new loader's loads measured it
+                # (before session 44, only until then: a smaller new model shrank the old replicas there)
+                self._old_loader.setdefault(reg.name, set()).update(
+                    (w, rid) for w, reps in self.replicas.items() for rid, r in reps.items()
+                    if r.model == reg.name and r.state == "resident")
+        self._retell(reg.name)
         msg = {"op": WORKER_MODEL_HANDLER, "registration": reg.to_msg()}
         # not to the workers declared without GPUs: they have no handler for it, and each logged an ERROR.
         # A worker not declared yet is told (its plugin may be past its own fetch of the registrations)
@@ -155,6 +156,8 @@ class SchedulerResidency:
         reps = self.replicas.setdefault(worker, {})
         if r.state in ("evicted", "failed"):
             reps.pop(r.replica, None)
+            if (worker, r.replica) in self._old_loader.get(r.model, ()):
+                self._retell(r.model)  # a replica of its earlier loader left: the policy may count it smaller
         else:
             reps[r.replica] = r
         self.counts[{"loading": "load_starts", "resident": "loads", "evicted": "evictions",
@@ -187,8 +190,12 @@ class SchedulerResidency:
             ready = getattr(self.plugin, "replica_ready", None)
             if ready is not None:
                 ready(worker, r.replica)
-        for addr in [w for w in self.replicas if w not in self.scheduler.workers]:
+        gone = [w for w in self.replicas if w not in self.scheduler.workers]
+        for addr in gone:
             del self.replicas[addr]  # workers gone
+        if gone and self._old_loader:
+            for model in list(self._old_loader):
+                self._retell(model)
         self.reconcile()
 
     def _stalled(self, worker: str, r: ResidencyReport) -> None:
@@ -323,7 +330,6 @@ class SchedulerResidency:
     def _measured(self, r: ResidencyReport) -> None:
         k = max(1, len(r.gpus))
         gb = r.bytes_per_gpu * k / 1e9
-        scale = self._time_scale()
         prev = self.measured.get(r.model)
         reg = self.registrations.get(r.model)
         # A worker process's first load of a model also pays for what happens once per process (the framework's
@@ -340,7 +346,36 @@ class SchedulerResidency:
             logger.info("tangram: %s measured: %.4f GB per replica (%s; %d parameter bytes), load %.2f s%s",
                         r.model, gb, r.measured_by, r.param_bytes, r.load_s,
                         f" (declared {reg.memory_gb:g} GB, {reg.load_s:g} s)" if reg else "")
-        self._tell_policy(ModelSpec(r.model, gb, plan / scale))
+        self._retell(r.model)
+
+    def _old_floor(self, model: str) -> float:
+        """The largest measured size (GB) of ``model``'s replicas of an earlier loader still resident on a live
+        worker (0 if none); forgets those that left."""
+        keys = self._old_loader.get(model)
+        if not keys:
+            return 0.0
+        live, gb = self.scheduler.workers, 0.0
+        for w, rid in list(keys):
+            r = self.replicas.get(w, {}).get(rid) if w in live else None
+            if r is None or r.model != model or r.state != "resident":
+                keys.discard((w, rid))
+                continue
+            gb = max(gb, r.bytes_per_gpu * max(1, len(r.gpus)) / 1e9)
+        if not keys:
+            del self._old_loader[model]
+        return gb
+
+    def _retell(self, model: str) -> None:
+        """Tell the policy ``model``'s size and load time: what its loads measured (else what it was registered
+        with), and at least the size of its earlier loader's replicas still resident (:meth:`_old_floor`)."""
+        m, reg = self.measured.get(model), self.registrations.get(model)
+        if m is not None:
+            gb, load_s = m.memory_gb, m.planned_load_s / self._time_scale()
+        elif reg is not None:
+            gb, load_s = reg.memory_gb, reg.load_s
+        else:
+            return
+        self._tell_policy(ModelSpec(model, max(gb, self._old_floor(model)), load_s))
 
     def _time_scale(self) -> float:
         """The plugin's ``time_scale`` (real seconds per policy second): load times go to the policy divided by it."""
