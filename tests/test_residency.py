@@ -461,3 +461,58 @@ def test_closing_wakes_a_load_waiting_on_its_deadline(files):
         assert time.monotonic() - t0 < 2.0
     finally:
         go.set()
+
+
+class _Weights:
+    """Stands for what a loader reads before it fails (a checkpoint in host or GPU memory)."""
+
+
+class _ReadsThenRaises:
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __call__(self, devices):
+        import weakref
+
+        held = _Weights()
+        self.seen.append(weakref.ref(held))
+        raise ValueError("shape mismatch in the checkpoint")
+
+
+class _ScorerOfBadSize:
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __call__(self, devices):
+        import weakref
+
+        class Scorer:
+            param_bytes = -1
+
+            def score(self, batch):
+                return [0.0] * len(batch)
+
+        s = Scorer()
+        self.seen.append(weakref.ref(s))
+        return s
+
+
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+@pytest.mark.parametrize("loader", [_ReadsThenRaises, _ScorerOfBadSize])
+def test_a_failed_load_keeps_nothing_its_loader_held(files, loader, timeout_s):
+    """A loader that raises after reading its weights, or returns a scorer whose size is refused: once the load
+    failed, nothing it made is still referenced, though the failed replica (and its error) stays known. Before, the
+    error's traceback held the loader's frames (and the load's, holding the scorer): live, 300 MB of host memory per
+    failed load stayed (on a GPU, what a model that did not fit had put there), with the ledger counting none."""
+    import gc
+
+    seen = []
+    res = ledger(files, [1_000_000], loaders={"small": loader(seen)}, timeout_s=timeout_s)
+    res.prepare("k", 0, "small", (0,))
+    with pytest.raises(ModelError):
+        res.get("k", timeout=10)
+    res.unpin("k")
+    gc.collect()
+    assert res.replicas[0].state == "failed" and res.replicas[0].error is not None and res.used == [0]
+    assert len(seen) == 1 and seen[0]() is None, "the failed load's error still holds what its loader made"
+    res.close()

@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Protocol, Sequence
@@ -366,76 +367,7 @@ class Residency:
 
     def _load(self, r: Replica, evict: tuple[int, ...]) -> None:
         try:
-            for e in evict:
-                if e != r.rid:
-                    self.evict(e)
-            entry = self.models(r.model)
-            k = len(r.gpus)
-            est = math.ceil(entry.memory_bytes / k)
-            self._report(r, LOADING)
-            with self._cond:
-                # room may be on its way (a stale replica the scheduler is having evicted): wait a while
-                deadline = time.monotonic() + self.room_wait_s
-                while not self._closed and not all(self.used[g] + est <= self.capacity[g] for g in r.gpus):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                if self.replicas.get(r.rid) is not r:
-                    return
-                self._take(r, est, "is expected to take")
-                r.bytes_per_gpu = est
-            locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
-            for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
-                lk.acquire()
-            try:
-                with self._cond:
-                    hung_seq = self._hung_seq
-                    hung_beside = any(set(gpus) & set(r.gpus) for gpus, _ in self._hung.values())
-                token = self.probe.before(r.devices)
-                t0 = time.perf_counter()
-                scorer = self._call_loader(entry, r)
-                if not callable(getattr(scorer, "score", None)):
-                    raise ModelError(f"{LOADER_FAILED}{r.model!r} returned {type(scorer).__name__}, which has "
-                                     f"no score(batch) method")
-                load_s = time.perf_counter() - t0
-                measured = self.probe.after(r.devices, token)
-                with self._cond:  # a loader given up on ran (or returned) beside it: CUDA's counters mix the two
-                    if hung_beside or self._hung_seq != hung_seq or any(
-                            set(gpus) & set(r.gpus) for gpus, _ in self._hung.values()):
-                        measured = None
-            finally:
-                for lk in reversed(locks):
-                    lk.release()
-            try:
-                pb = param_bytes(scorer)
-            except ModelError as e:
-                raise ModelError(f"model {r.model!r}: {e}") from None
-            if measured:
-                per_gpu, by = max(measured), self.probe.name
-            else:
-                per_gpu, by = math.ceil(pb / k), "params"
-            with self._cond:
-                if self.replicas.get(r.rid) is not r:
-                    return
-                for g in r.gpus:
-                    self.used[g] -= r.bytes_per_gpu
-                r.bytes_per_gpu = 0
-                r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
-                r.first = r.model not in self._loaded
-                try:
-                    self._take(r, per_gpu, "took")
-                except ModelError:  # it did not fit: the report says what it took
-                    scorer = None
-                    r.took = per_gpu
-                    raise
-                r.bytes_per_gpu = per_gpu
-                self._loaded.add(r.model)
-                r.scorer, r.state = scorer, RESIDENT
-                self.stats.loads += 1
-                self._cond.notify_all()
-            r.ready.set()
-            self._report(r, RESIDENT)
+            self._load_in(r, evict)
         except BaseException as e:  # the action that needs it gets this error; nothing is held
             with self._cond:
                 if r.state == LOADING:
@@ -445,6 +377,7 @@ class Residency:
                 r.state, r.scorer = FAILED, None
                 r.error = e if isinstance(e, ModelError) else ModelError(
                     f"loading replica {r.rid} of {r.model!r} failed: {type(e).__name__}: {e}")
+                _forget_locals(e, r.error)  # what the loader (or its scorer) held goes now, not with the error
                 self.stats.failures += 1
                 self._cond.notify_all()
             r.ready.set()
@@ -458,6 +391,79 @@ class Residency:
             self._report(r, FAILED, f"{SHUTDOWN_PREFIX}{r.error}" if shutdown else str(r.error))
             if isinstance(e, LoadGivenUp):  # what its loader may hold stays counted: the scheduler's ledger too
                 self._report_hold(r, "stalled", e.hold, e.per_gpu)
+
+    def _load_in(self, r: Replica, evict: tuple[int, ...]) -> None:
+        """:meth:`_load` less its failure handling: its frame (the scorer it holds) has ended when that runs."""
+        for e in evict:
+            if e != r.rid:
+                self.evict(e)
+        entry = self.models(r.model)
+        k = len(r.gpus)
+        est = math.ceil(entry.memory_bytes / k)
+        self._report(r, LOADING)
+        with self._cond:
+            # room may be on its way (a stale replica the scheduler is having evicted): wait a while
+            deadline = time.monotonic() + self.room_wait_s
+            while not self._closed and not all(self.used[g] + est <= self.capacity[g] for g in r.gpus):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self.replicas.get(r.rid) is not r:
+                return
+            self._take(r, est, "is expected to take")
+            r.bytes_per_gpu = est
+        locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
+        for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
+            lk.acquire()
+        try:
+            with self._cond:
+                hung_seq = self._hung_seq
+                hung_beside = any(set(gpus) & set(r.gpus) for gpus, _ in self._hung.values())
+            token = self.probe.before(r.devices)
+            t0 = time.perf_counter()
+            scorer = self._call_loader(entry, r)
+            if not callable(getattr(scorer, "score", None)):
+                raise ModelError(f"{LOADER_FAILED}{r.model!r} returned {type(scorer).__name__}, which has "
+                                 f"no score(batch) method")
+            load_s = time.perf_counter() - t0
+            measured = self.probe.after(r.devices, token)
+            with self._cond:  # a loader given up on ran (or returned) beside it: CUDA's counters mix the two
+                if hung_beside or self._hung_seq != hung_seq or any(
+                        set(gpus) & set(r.gpus) for gpus, _ in self._hung.values()):
+                    measured = None
+        finally:
+            for lk in reversed(locks):
+                lk.release()
+        try:
+            pb = param_bytes(scorer)
+        except ModelError as e:
+            raise ModelError(f"model {r.model!r}: {e}") from None
+        if measured:
+            per_gpu, by = max(measured), self.probe.name
+        else:
+            per_gpu, by = math.ceil(pb / k), "params"
+        with self._cond:
+            if self.replicas.get(r.rid) is not r:
+                return
+            for g in r.gpus:
+                self.used[g] -= r.bytes_per_gpu
+            r.bytes_per_gpu = 0
+            r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
+            r.first = r.model not in self._loaded
+            try:
+                self._take(r, per_gpu, "took")
+            except ModelError:  # it did not fit: the report says what it took
+                scorer = None
+                r.took = per_gpu
+                raise
+            r.bytes_per_gpu = per_gpu
+            self._loaded.add(r.model)
+            r.scorer, r.state = scorer, RESIDENT
+            self.stats.loads += 1
+            self._cond.notify_all()
+        r.ready.set()
+        self._report(r, RESIDENT)
 
     def _call_loader(self, entry: ModelEntry, r: Replica) -> Any:
         """The loader's scorer; with a deadline (``entry.timeout_s``) the loader runs in a thread of its own.
@@ -551,6 +557,23 @@ class Residency:
                                         r.measured_by, r.load_s, error, free, r.first))
         except Exception:  # reporting must never break residency
             logger.exception("tangram: could not report replica %d %s", r.rid, state)
+
+
+def _forget_locals(*errors: BaseException | None) -> None:
+    """Clear the local variables of the ended frames in the tracebacks of ``errors`` and of the exceptions they were
+    raised from. A failed load's error is kept (the replica's, raised to each action granted it) for as long as the
+    failed replica is known here, and its traceback held the loader's frames: what the loader had read before it
+    raised (a checkpoint, a model on the GPU that did not fit), or the scorer whose size was refused, stayed in
+    memory while the ledger counted none of it (300 MB per failed load, measured; session 44)."""
+    seen: set[int] = set()
+    todo = [e for e in errors if e is not None]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)  # (an executing frame is left as is)
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
 
 
 def _at_shutdown(e: BaseException | None) -> bool:
