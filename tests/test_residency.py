@@ -516,3 +516,47 @@ def test_a_failed_load_keeps_nothing_its_loader_held(files, loader, timeout_s):
     assert res.replicas[0].state == "failed" and res.replicas[0].error is not None and res.used == [0]
     assert len(seen) == 1 and seen[0]() is None, "the failed load's error still holds what its loader made"
     res.close()
+
+
+class _CyclicScorer:
+    """A scorer in reference cycles, as a torch module is (its submodules, hooks and model card point back)."""
+
+    def __init__(self, seen):
+        import weakref
+
+        self.me = self
+        self.param_bytes = 1000
+        seen.append(weakref.ref(self))
+
+    def score(self, batch):
+        return [1.0] * len(batch)
+
+
+class _CyclicLoader:
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __call__(self, devices):
+        return _CyclicScorer(self.seen)
+
+
+def test_an_evicted_replica_is_gone_once_evict_returns(files):
+    """On a CPU worker (no CudaProbe, whose freed() collects) an evicted scorer in reference cycles stayed in memory
+    until the interpreter's next full collection: live, after 10 load/evict cycles of MiniLM, 8 copies were alive
+    (RSS 935 MB against 583 MB once collected), the ledger counting one."""
+    import gc
+
+    seen = []
+    res = ledger(files, [1_000_000], loaders={"small": _CyclicLoader(seen)})
+    gc.disable()  # what the interpreter's own collections would do at some point, they do not do here
+    try:
+        for k in range(3):
+            res.prepare(k, k, "small", (0,))
+            res.get(k, timeout=10)
+            res.unpin(k)
+            assert res.evict(k)
+        alive = [ref() is not None for ref in seen]
+    finally:
+        gc.enable()
+        res.close()
+    assert alive == [False, False, False]
