@@ -560,3 +560,24 @@ def test_an_evicted_replica_is_gone_once_evict_returns(files):
         gc.enable()
         res.close()
     assert alive == [False, False, False]
+
+
+class _ShortScorer:
+    param_bytes = 10
+
+    def score(self, batch):
+        return [0.5]  # a scorer's bug: one score whatever the batch
+
+
+def test_a_scorer_returning_a_score_per_item_is_checked_by_reward_model(files):
+    """reward_model(name).score(batch) with a scorer that returns fewer scores than items: a ModelError naming the
+    model and both counts (before, [0.5] came back for 3 items, and the caller's zip paired it with the first)."""
+    from tangram_dask.models.registry import RewardModel
+
+    res = ledger(files, [1_000_000], loaders={"small": lambda devices: _ShortScorer()})
+    res.prepare("k", 0, "small", (0,))
+    rm = RewardModel("small", res, "k", 10)
+    assert rm.score([("a", "a")]) == [0.5]
+    with pytest.raises(ModelError, match=r"model 'small' returned 1 scores for a batch of 3 items"):
+        rm.score([("a", "a")] * 3)
+    res.close()

@@ -150,8 +150,16 @@ class RewardModel:
         return self._residency.get(self._key, self._timeout)
 
     def score(self, batch: Sequence[Any]) -> list[float]:
-        """Score a batch with the granted replica (each item: (response, reference) for the built-in models)."""
-        return list(self.scorer.score(batch))
+        """Score a batch with the granted replica (each item: (response, reference) for the built-in models).
+
+        One score per item, or a ModelError naming the model: a scorer that returned fewer or more (a bug in it)
+        had its rewards paired with the wrong items, or dropped, in silence."""
+        out = list(self.scorer.score(batch))
+        n = len(batch) if hasattr(batch, "__len__") else None
+        if n is not None and len(out) != n:
+            raise ModelError(f"the scorer of model {self.name!r} returned {len(out)} scores for a batch of {n} items: "
+                             f"its score(batch) must return one per item, in order")
+        return out
 
     @property
     def devices(self) -> tuple[str, ...]:
