@@ -465,6 +465,7 @@ class Residency:
             r.bytes_per_gpu = per_gpu
             self._loaded.add(r.model)
             r.scorer, r.state = scorer, RESIDENT
+            scorer = None  # the replica holds it: an action may evict it as soon as it is ready, and it then goes
             self.stats.loads += 1
             self._cond.notify_all()
         r.ready.set()
