@@ -586,3 +586,27 @@ def test_a_scorer_returning_a_score_per_item_is_checked_by_reward_model(files):
     with pytest.raises(ModelError, match=r"model 'small' returned 1 scores for a batch of 3 items"):
         rm.score([("a", "a")] * 3)
     res.close()
+
+
+def test_a_reload_is_estimated_at_what_the_models_loads_here_measured(files):
+    """A model registered at 384 KB that takes 32 KB ("small"), reloaded beside 256 KB on a 400 KB GPU, where the
+    scheduler (planning with the measured 32 KB) placed it: the load goes ahead. Before, each reload was estimated
+    at the registered figure and refused for room (live: a model declared 0.2 GB for 0.03 erred every action after
+    its first eviction, told to register a larger memory_gb); a first load still goes by the registered figure, and
+    its refusal now says so."""
+    _, small = files["small"]
+    res = ledger(files, [400_000], declared={"small": 384_000})
+    res.prepare("a", 0, "small", (0,))
+    res.get("a", timeout=10)
+    res.unpin("a")
+    assert res.evict(0)
+    res.prepare("b", 1, "mid", (0,))  # 256 KB
+    res.get("b", timeout=10)
+    res.prepare("c", 2, "small", (0,))  # the reload, beside it
+    res.get("c", timeout=10)
+    assert res.used == [small + files["mid"][1]]
+    res.forget_loads("small")  # registered again with a new loader: its next load is estimated as registered
+    res.prepare("d", 3, "small", (0,))
+    with pytest.raises(ModelError, match=r"by its registered memory_gb = 0.000384; the scheduler's ledger had room"):
+        res.get("d", timeout=10)
+    res.close()

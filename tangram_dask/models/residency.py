@@ -207,12 +207,16 @@ class Residency:
         self._hung: dict[int, tuple[tuple[int, ...], int]] = {}  # loads given up whose loader runs on: GPUs, bytes
         self._hung_seq = 0
         self._loaded: set[str] = set()  # models this process has loaded at least once
+        # model -> the bytes of one replica its latest load here measured (kept or not), with its current loader:
+        # a load's estimate, rather than the registered memory_gb, once known
+        self._sizes: dict[str, int] = {}
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     def forget_loads(self, model: str) -> None:
         """The model's next load counts as its first in this process (it was registered with a new loader)."""
         with self._cond:
             self._loaded.discard(model)
+            self._sizes.pop(model, None)
 
     # -- the action's side ---------------------------------------------------------
     def prepare(self, key: Hashable, rid: int, model: str, gpus: Sequence[int], evict: Sequence[int] = ()) -> None:
@@ -354,14 +358,14 @@ class Residency:
         r.state = EVICTED if r.state == RESIDENT else r.state
         r.scorer = None
 
-    def _take(self, r: Replica, per_gpu: int, what: str) -> None:
+    def _take(self, r: Replica, per_gpu: int, what: str, advice: str = "") -> None:
         """Reserve ``per_gpu`` bytes on each of the replica's GPUs, or raise (under the lock)."""
         for g in r.gpus:
             if self.used[g] + per_gpu > self.capacity[g]:
                 hung = sum(b for gpus, b in self._hung.values() if g in gpus)
                 why = (f"{hung / 1e9:.6g} GB of it held by a load given up on, whose loader has not returned"
-                       if hung else f"the scheduler's memory figures for {r.model} are below what it takes: "
-                                    f"register it with a larger memory_gb")
+                       if hung else advice or f"the scheduler's memory figures for {r.model} are below what it "
+                                              f"takes: register it with a larger memory_gb")
                 raise ModelError(
                     f"replica {r.rid} of {r.model} {what} {per_gpu / 1e9:.6g} GB on GPU {g}, which has "
                     f"{(self.capacity[g] - self.used[g]) / 1e9:.6g} GB free of {self.capacity[g] / 1e9:.6g}: "
@@ -404,7 +408,15 @@ class Residency:
                 self.evict(e)
         entry = self.models(r.model)
         k = len(r.gpus)
-        est = math.ceil(entry.memory_bytes / k)
+        with self._cond:
+            known = self._sizes.get(r.model)
+        # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
+        # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
+        # that the scheduler, planning with the measured size, had rightly placed it beside (before session 44)
+        est = math.ceil((known if known is not None else entry.memory_bytes) / k)
+        advice = ("" if known is not None else
+                  f"by its registered memory_gb = {entry.memory_bytes / 1e9:g}; the scheduler's ledger had room for "
+                  f"it here, so its figures for this GPU differ from this worker's")
         self._report(r, LOADING)
         with self._cond:
             # room may be on its way (a stale replica the scheduler is having evicted): wait a while
@@ -416,7 +428,7 @@ class Residency:
                 self._cond.wait(left)
             if self.replicas.get(r.rid) is not r:
                 return
-            self._take(r, est, "is expected to take")
+            self._take(r, est, "is expected to take", advice)
             r.bytes_per_gpu = est
         locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
         for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
@@ -456,6 +468,7 @@ class Residency:
             r.bytes_per_gpu = 0
             r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
             r.first = r.model not in self._loaded
+            self._sizes[r.model] = per_gpu * k
             try:
                 self._take(r, per_gpu, "took")
             except ModelError:  # it did not fit: the report says what it took
