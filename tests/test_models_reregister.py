@@ -1,6 +1,6 @@
 """A model registered again with a new loader while replicas of the old one are resident, through the real
 SchedulerResidency, the plugin's replica hooks, a real policy and real worker Residency ledgers
-(tests/residency_harness.py; no Dask). Found by a helper's review (session 44)."""
+(tests/residency_harness.py; no Dask). Found by a helper's review (session 35)."""
 from __future__ import annotations
 
 import pytest

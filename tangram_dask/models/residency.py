@@ -319,7 +319,7 @@ class Residency:
             self._cond.notify_all()  # loads waiting for room
         if not isinstance(self.probe, CudaProbe):  # (whose freed() collects)
             # a torch module is full of reference cycles: the evicted scorer goes now, not at the interpreter's next
-            # full collection (before session 44, on a CPU worker, 7 evicted MiniLM copies were still alive after
+            # full collection (before session 35, on a CPU worker, 7 evicted MiniLM copies were still alive after
             # 10 load/evict cycles: RSS 935 MB, 583 MB once collected)
             gc.collect()
         self.probe.freed(r.devices)
@@ -412,7 +412,7 @@ class Residency:
             known = self._sizes.get(r.model)
         # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
         # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
-        # that the scheduler, planning with the measured size, had rightly placed it beside (before session 44)
+        # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35)
         est = math.ceil((known if known is not None else entry.memory_bytes) / k)
         advice = ("" if known is not None else
                   f"by its registered memory_gb = {entry.memory_bytes / 1e9:g}; the scheduler's ledger had room for "
@@ -583,7 +583,7 @@ def _forget_locals(*errors: BaseException | None) -> None:
     raised from. A failed load's error is kept (the replica's, raised to each action granted it) for as long as the
     failed replica is known here, and its traceback held the loader's frames: what the loader had read before it
     raised (a checkpoint, a model on the GPU that did not fit), or the scorer whose size was refused, stayed in
-    memory while the ledger counted none of it (300 MB per failed load, measured; session 44)."""
+    memory while the ledger counted none of it (300 MB per failed load, measured; session 35)."""
     seen: set[int] = set()
     todo = [e for e in errors if e is not None]
     while todo:

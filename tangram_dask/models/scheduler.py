@@ -112,7 +112,7 @@ class SchedulerResidency:
             if old is not None:
                 # the old loader's replicas stay resident at their measured size: the policy's ledger counts the
                 # model at least that big until they have left, also once the new loader's loads measured it
-                # (before session 44, only until then: a smaller new model shrank the old replicas there)
+                # (before session 35, only until then: a smaller new model shrank the old replicas there)
                 self._old_loader.setdefault(reg.name, set()).update(
                     (w, rid) for w, reps in self.replicas.items() for rid, r in reps.items()
                     if r.model == reg.name and r.state == "resident")
