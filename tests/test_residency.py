@@ -610,3 +610,56 @@ def test_a_reload_is_estimated_at_what_the_models_loads_here_measured(files):
     with pytest.raises(ModelError, match=r"by its registered memory_gb = 0.000384; the scheduler's ledger had room"):
         res.get("d", timeout=10)
     res.close()
+
+
+def test_each_action_granted_a_failed_replica_gets_its_own_traceback_and_keeps_nothing(files):
+    """Two actions pinned to one replica whose loader raised: each gets the load's error (its message, type and the
+    loader's error as its cause) with its own frames over the load's, and once they ended neither's locals are kept.
+    Before, get() raised the replica's own error object: each raise added that action's frames to its traceback, so
+    the second action's traceback showed the first's frames under its own, and the error (kept as long as the failed
+    replica is known) held every such action's batch."""
+    import gc
+    import traceback
+    import weakref
+
+    from tangram_dask.models.residency import LoadGivenUp, _copy_error
+
+    def bad(devices):
+        raise ValueError("shape mismatch in the checkpoint")
+
+    class Batch:
+        pass
+
+    batches, texts = [], []
+
+    def action_one(res, key):
+        batch = Batch()
+        batches.append(weakref.ref(batch))
+        return res.get(key, timeout=10)
+
+    def action_two(res, key):
+        batch = Batch()
+        batches.append(weakref.ref(batch))
+        return res.get(key, timeout=10)
+
+    res = ledger(files, [1_000_000], loaders={"small": bad})
+    res.prepare("a1", 0, "small", (0,))
+    res.prepare("a2", 0, "small", (0,))
+    for key, action in (("a1", action_one), ("a2", action_two)):
+        with pytest.raises(ModelError, match="shape mismatch in the checkpoint") as ei:
+            action(res, key)
+        assert isinstance(ei.value.__cause__, ValueError)
+        texts.append("".join(traceback.format_exception(ei.value)))
+        del ei
+        res.unpin(key)
+    gc.collect()
+    assert "in bad" in texts[1] and "in _load_in" in texts[1]  # the loader's frames and the load's
+    assert "action_two" in texts[1] and "action_one" not in texts[1]
+    assert [ref() is None for ref in batches] == [True, True], "the replica's error holds the actions' locals"
+    assert res.replicas[0].state == "failed" and "action_" not in "".join(
+        traceback.format_tb(res.replicas[0].error.__traceback__))
+    res.close()
+    # a load given up on is copied too (its __init__ takes more than its args)
+    e = LoadGivenUp(3, 1000, "given up")
+    c = _copy_error(e)
+    assert type(c) is LoadGivenUp and (c.args, c.hold, c.per_gpu) == (("given up",), 3, 1000) and c is not e

@@ -279,7 +279,12 @@ class Residency:
         if not r.ready.wait(timeout):
             raise ModelError(f"replica {r.rid} of {r.model} did not load within {timeout} s")
         if r.state != RESIDENT:
-            raise r.error or ModelError(f"replica {r.rid} of {r.model} is {r.state}")
+            if r.error is None:
+                raise ModelError(f"replica {r.rid} of {r.model} is {r.state}")
+            # a copy: raising the replica's own error added each action's frames to its traceback, so the next action
+            # granted the replica showed the earlier ones' frames under its own, and the error kept every such
+            # action's locals (its batch, its rollout) alive for as long as the failed replica was known here
+            raise _copy_error(r.error)
         return r.scorer
 
     def unpin(self, key: Hashable) -> None:
@@ -593,6 +598,16 @@ def _forget_locals(*errors: BaseException | None) -> None:
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)  # (an executing frame is left as is)
         todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+
+
+def _copy_error(e: BaseException) -> BaseException:
+    """``e`` anew, to raise: its type, arguments and attributes, what it was raised from, and its traceback (the
+    load's) as its own start; raising it leaves ``e`` as it was. (No ``__init__`` call: :class:`LoadGivenUp`'s
+    takes other arguments than its ``args``.)"""
+    new = type(e).__new__(type(e), *e.args)
+    new.__dict__.update(vars(e))
+    new.__cause__, new.__context__, new.__suppress_context__ = e.__cause__, e.__context__, e.__suppress_context__
+    return new.with_traceback(e.__traceback__)
 
 
 def _at_shutdown(e: BaseException | None) -> bool:
