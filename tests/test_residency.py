@@ -663,3 +663,38 @@ def test_each_action_granted_a_failed_replica_gets_its_own_traceback_and_keeps_n
     e = LoadGivenUp(3, 1000, "given up")
     c = _copy_error(e)
     assert type(c) is LoadGivenUp and (c.args, c.hold, c.per_gpu) == (("given up",), 3, 1000) and c is not e
+
+
+def test_a_load_of_the_old_loader_ending_after_forget_loads_does_not_size_the_new_loaders_loads(files):
+    """A model registered again with a new loader (a 128 KB model) while a load of its old loader (384 KB) runs: that
+    load ends after forget_loads and records what it measured. The new loader's first load, beside 256 KB on a 400 KB
+    GPU, is estimated at its registered 128 KB and goes ahead. Before, it was estimated at the old loader's 384 KB and
+    refused for room (and every later load of it there, none of them reaching a measurement), the scheduler, told
+    the new loader's size by other workers' loads, placing it there again."""
+    (big_path, big), (small_path, small), (mid_path, mid) = files["big"], files["small"], files["mid"]
+    go = threading.Event()
+
+    class Gated:
+        def __call__(self, devices):
+            go.wait(10)
+            return NumpyLoader(big_path)(devices)
+
+    entries = {"m": ModelEntry("m", Gated(), big), "mid": ModelEntry("mid", NumpyLoader(mid_path), mid)}
+    res = Residency([400_000], lambda name: entries[name], lambda gpus: tuple("cpu" for _ in gpus))
+    try:
+        res.prepare("a", 0, "m", (0,))  # the old loader's load, under way
+        time.sleep(0.2)
+        entries["m"] = ModelEntry("m", NumpyLoader(small_path), small)  # registered again: the worker's add()
+        res.forget_loads("m")
+        go.set()
+        res.get("a", timeout=10)  # the old loader's replica (384 KB)
+        res.unpin("a")
+        assert res.evict(0)
+        res.prepare("b", 1, "mid", (0,))
+        res.get("b", timeout=10)
+        res.prepare("c", 2, "m", (0,))  # the new loader's first load, beside 256 KB
+        res.get("c", timeout=10)
+        assert res.used == [mid + small]
+    finally:
+        go.set()
+        res.close()

@@ -207,9 +207,10 @@ class Residency:
         self._hung: dict[int, tuple[tuple[int, ...], int]] = {}  # loads given up whose loader runs on: GPUs, bytes
         self._hung_seq = 0
         self._loaded: set[str] = set()  # models this process has loaded at least once
-        # model -> the bytes of one replica its latest load here measured (kept or not), with its current loader:
-        # a load's estimate, rather than the registered memory_gb, once known
-        self._sizes: dict[str, int] = {}
+        # model -> (the loader, the bytes of one replica its latest load here measured, kept or not): a load's
+        # estimate, rather than the registered memory_gb, once known; by that loader only (a load of the old loader
+        # still running when the model was registered again ends after forget_loads, and records its own size)
+        self._sizes: dict[str, tuple[Any, int]] = {}
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     def forget_loads(self, model: str) -> None:
@@ -414,7 +415,8 @@ class Residency:
         entry = self.models(r.model)
         k = len(r.gpus)
         with self._cond:
-            known = self._sizes.get(r.model)
+            size = self._sizes.get(r.model)
+        known = size[1] if size is not None and size[0] is entry.loader else None
         # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
         # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
         # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35)
@@ -473,7 +475,7 @@ class Residency:
             r.bytes_per_gpu = 0
             r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
             r.first = r.model not in self._loaded
-            self._sizes[r.model] = per_gpu * k
+            self._sizes[r.model] = (entry.loader, per_gpu * k)
             try:
                 self._take(r, per_gpu, "took")
             except ModelError:  # it did not fit: the report says what it took
