@@ -460,6 +460,9 @@ class TangramSchedulerPlugin(SchedulerPlugin):
         if self.policy is None:
             return
         lost = self._leave(worker)
+        residency = getattr(self, "residency", None)
+        if residency is not None:
+            residency.worker_left(worker)  # (after _leave: the policy no longer holds the worker's replicas)
         now = self.now()
         for key in lost:
             # Dask releases what was processing there before this hook runs, so the

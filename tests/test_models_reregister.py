@@ -59,3 +59,25 @@ def test_the_new_loaders_first_measurement_does_not_shrink_the_old_loaders_resid
     assert old not in pol.gpu.replicas and not h.res._old_loader
     assert pol.models["rm"].gpu_memory_gb == pytest.approx(1.0)
     assert all(r.share_gb == pytest.approx(1.0) for r in pol.gpu.replicas.values() if r.model == "rm")
+
+
+def test_the_old_loaders_size_leaves_the_policy_with_the_worker_that_held_its_replica():
+    """rm's old loader (60 GB) has a replica resident on a 100 GB worker; rm is registered again at 1 GB; that worker
+    leaves, and the one left has a 24 GB GPU. The policy counts rm at 1 GB as the worker leaves, and its next action
+    runs there. Before, the 60 GB floor stayed until the next residency report from any worker: none came (no GPU
+    held 60 GB, so nothing loaded), and the action waited for ever."""
+    h = Harness()
+    loaders = {"rm": OkLoader(int(60e9))}
+    h.register("rm", loaders["rm"], memory_gb=60.0, load_s=0.1)
+    h.add_gpu_worker("big", gpus=1, gb=100.0, loaders=loaders)
+    assert run_action(h, "warm", gpu_spec("rm"), h.plugin.now())[0] == "ok"
+    loaders["rm"] = OkLoader(int(1e9))
+    h.register("rm", loaders["rm"], memory_gb=1.0, load_s=0.1)
+    pol = h.plugin.policy
+    assert pol.models["rm"].gpu_memory_gb == pytest.approx(60.0)  # its old replica is resident
+    del h.sched.workers["big"]  # it leaves (Dask drops it, then calls the plugins' remove_worker)
+    pol.remove_node("big")
+    h.plugin.remove_worker(h.sched, "big")
+    assert pol.models["rm"].gpu_memory_gb == pytest.approx(1.0) and not h.res._old_loader
+    h.add_gpu_worker("small", gpus=1, gb=24.0, loaders=loaders)
+    assert run_action(h, "next", gpu_spec("rm"), h.plugin.now())[0] == "ok"

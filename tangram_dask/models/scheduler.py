@@ -198,6 +198,15 @@ class SchedulerResidency:
                 self._retell(model)
         self.reconcile()
 
+    def worker_left(self, worker: str) -> None:
+        """The scheduler's ``remove_worker``: the worker's replicas leave this view, and a model whose earlier
+        loader's replicas were among them is told its size again (:meth:`_old_floor`). Before, that waited for the
+        next residency report from any worker: a model registered again with a smaller loader stayed counted at the
+        old size, and where no other GPU held that size its actions waited for a report that no load would send."""
+        self.replicas.pop(worker, None)
+        for model in [m for m, keys in self._old_loader.items() if any(w == worker for w, _ in keys)]:
+            self._retell(model)
+
     def _stalled(self, worker: str, r: ResidencyReport) -> None:
         """A load given up on at its deadline (``stalled``): its loader runs on and may hold its estimate on its
         GPUs, so the policy's ledger holds that memory too, and the replica leaves the ledger (else every later
