@@ -698,3 +698,25 @@ def test_a_load_of_the_old_loader_ending_after_forget_loads_does_not_size_the_ne
     finally:
         go.set()
         res.close()
+
+
+def test_a_load_failing_outside_its_loader_keeps_where_it_failed(files):
+    """A load that fails after its loader returned, on an error that is not a ModelError (here the scorer's
+    param_bytes() raising): the action's ModelError has that error as its cause, and so its traceback. Before, the
+    error was rebuilt from its text alone: where it was raised was lost."""
+    import traceback
+
+    class Scorer:
+        def param_bytes(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def score(self, batch):
+            return [0.0] * len(batch)
+
+    res = ledger(files, [1_000_000], loaders={"small": lambda devices: Scorer()})
+    res.prepare("k", 0, "small", (0,))
+    with pytest.raises(ModelError, match="RuntimeError: CUDA error") as ei:
+        res.get("k", timeout=10)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    assert "in param_bytes" in "".join(traceback.format_exception(ei.value))
+    res.close()

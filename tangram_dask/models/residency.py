@@ -392,6 +392,8 @@ class Residency:
                 r.state, r.scorer = FAILED, None
                 r.error = e if isinstance(e, ModelError) else ModelError(
                     f"loading replica {r.rid} of {r.model!r} failed: {type(e).__name__}: {e}")
+                if r.error is not e:  # where it was raised (a scorer's parameters(), CUDA's counters): its trace
+                    r.error.__cause__ = e
                 _forget_locals(e, r.error)  # what the loader (or its scorer) held goes now, not with the error
                 self.stats.failures += 1
                 self._cond.notify_all()
