@@ -612,6 +612,36 @@ def test_a_reload_is_estimated_at_what_the_models_loads_here_measured(files):
     res.close()
 
 
+def test_a_reload_of_a_model_measured_larger_than_registered_goes_by_the_registered_size(files):
+    """Registered at 100 KB, "mid" takes its 256 KB (measured here at its first load). Reloaded beside 256 KB on a
+    400 KB GPU (where a scheduler planning with a smaller measurement from another worker placed it), the load goes
+    ahead at the registered size and its failure reports what it took, from which the scheduler plans. Estimated at
+    this worker's own 256 KB, it was refused before loading, its report took nothing, and the scheduler, never told
+    why, placed it here again (helper-45's review)."""
+    reports = []
+    _, mid = files["mid"]
+    _, small = files["small"]
+    res = ledger(files, [400_000], declared={"mid": 100_000}, reports=reports)
+    res.prepare("a", 0, "mid", (0,))
+    res.get("a", timeout=10)
+    res.unpin("a")
+    assert res.evict(0)
+    for i in range(1, 3):  # 2 x 128 KB: the registered 100 KB fits beside them, the measured 256 KB does not
+        res.prepare(f"s{i}", i, "small", (0,))
+        res.get(f"s{i}", timeout=10)
+    assert res.used == [2 * small] and 2 * small + 100_000 <= 400_000 < 2 * small + mid
+    res.prepare("b", 9, "mid", (0,))
+    with pytest.raises(ModelError, match=r"took 0.000256\d* GB"):
+        res.get("b", timeout=10)
+    deadline = time.monotonic() + 10
+    while not (failed := [x for x in reports if x.replica == 9 and x.state == "failed"]):  # (just after the action)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert len(failed) == 1 and failed[0].bytes_per_gpu == mid  # what the scheduler's did-not-fit path reads
+    assert res.used == [2 * small]
+    res.close()
+
+
 def test_each_action_granted_a_failed_replica_gets_its_own_traceback_and_keeps_nothing(files):
     """Two actions pinned to one replica whose loader raised: each gets the load's error (its message, type and the
     loader's error as its cause) with its own frames over the load's, and once they ended neither's locals are kept.

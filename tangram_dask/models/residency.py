@@ -422,10 +422,17 @@ class Residency:
         # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
         # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
         # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35)
-        est = math.ceil((known if known is not None else entry.memory_bytes) / k)
-        advice = ("" if known is not None else
-                  f"by its registered memory_gb = {entry.memory_bytes / 1e9:g}; the scheduler's ledger had room for "
-                  f"it here, so its figures for this GPU differ from this worker's")
+        # At most the registered size, though: the scheduler plans with the latest size any worker measured, and
+        # where this worker measured it larger (a CUDA probe here, parameter bytes there) a refusal at that estimate
+        # came before any measurement, so the scheduler never learnt why and placed it here again, each action
+        # erring. At the registered size the load goes ahead, and if it then does not fit, its report says what it
+        # took, and the scheduler plans with that (helper-45's review, session 35).
+        own = known is not None and known < entry.memory_bytes
+        est = math.ceil((known if own else entry.memory_bytes) / k)
+        where = (f"what its last load here measured, {known / 1e9:g} GB" if own else
+                 f"its registered memory_gb = {entry.memory_bytes / 1e9:g}")
+        advice = (f"expected by {where}; the scheduler's ledger had room for it here, so its figures for this GPU "
+                  f"differ from this worker's")
         self._report(r, LOADING)
         with self._cond:
             # room may be on its way (a stale replica the scheduler is having evicted): wait a while
