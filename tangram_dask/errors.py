@@ -27,8 +27,23 @@ def _show(value: object, limit: int = 200) -> str:
     return r if len(r) <= limit else f"{r[:limit - 20]}...{r[-12:]} ({len(r)} chars)"
 
 
+def _restore(cls: type, args: tuple, state: dict) -> "TangramError":
+    """A pickled tangram error, rebuilt without its ``__init__`` (see :meth:`TangramError.__reduce__`)."""
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e
+
+
 class TangramError(Exception):
     """Base class of all tangram-dask errors."""
+
+    def __reduce__(self):
+        # Dask pickles a task's error to send it to the client. Pickled as Exception does it, an error is rebuilt
+        # by calling its class with its args (the message), and the classes whose __init__ takes their parts
+        # (SpecError's field, value, problem; a load given up on) failed there: the client got a plain Exception
+        # holding the repr, and `except ModelError` missed a reward call's load that was given up on
+        return _restore, (type(self), self.args, dict(self.__dict__))
 
 
 class SpecError(TangramError, ValueError):
