@@ -230,7 +230,9 @@ class _Hub:
         self.lock = threading.Lock()
         self.collectors: list[weakref.ref] = []
         self.registered = False
-        self.failed: set[int] = set()  # collectors whose collect() raised (the first time is logged with its trace)
+        # collectors whose collect() raised (the first time is logged with its trace); weak, so that a new collector
+        # that reuses a gone one's id() is not taken for it
+        self.failed: weakref.WeakSet = weakref.WeakSet()
 
     def describe(self) -> list[Metric]:  # no names up front: the registry must not call collect() to find them
         return []
@@ -245,8 +247,8 @@ class _Hub:
             try:
                 fams = list(c.collect())
             except Exception:  # one collector's bug must not take the page (and Dask's own metrics) down
-                first = id(c) not in self.failed
-                self.failed.add(id(c))
+                first = c not in self.failed
+                self.failed.add(c)
                 logger.log(logging.WARNING if first else logging.DEBUG,
                            "tangram: the metrics of %s could not be collected; the rest of /metrics is served",
                            c.address(), exc_info=True)
