@@ -69,6 +69,25 @@ def test_trajectories_unused_past_the_ttl_are_swept(tmp_path):
     assert ws.trajectories() == ["fresh"]
 
 
+def test_trajectories_never_ended_leave_nothing_behind_once_swept(tmp_path):
+    """A trajectory never ended (an abandoned rollout) is swept past the TTL, its lock too: before, each one left
+    a lock in the workspace's books for as long as the worker ran (8 per step: 400 after 50 steps)."""
+    now = [0.0]
+    ws = Workspaces(tmp_path / "trajectories", uid=None, ttl_s=60, clock=lambda: now[0])
+    slot = tmp_path / "slot"
+    for step in range(50):
+        for i in range(8):
+            ws.checkout(f"s{step}-t{i}", slot, timeout_s=1)
+            ws.checkin(f"s{step}-t{i}", slot)
+        now[0] += 90
+        assert len(ws.sweep()) == 8
+        assert len(ws._locks) == 0 and ws.trajectories() == []
+    ws.checkout("s0-t0", slot, timeout_s=1)  # an id swept comes back: a fresh dir, and its lock works as before
+    assert ws.holds("s0-t0") and not ws.sweep()
+    ws.checkin("s0-t0", slot)
+    assert ws.path("s0-t0").is_dir() and len(ws._locks) == 1
+
+
 def test_a_dir_checked_out_by_a_running_action_is_held_and_its_snapshot_waits_for_it(tmp_path):
     """While an action has the dir (renamed into its sandbox), the node still holds the trajectory, and a
     snapshot (a move to another node) waits for the action to give it back, then packs what it wrote; past its

@@ -189,6 +189,10 @@ class Workspaces:
                 shutil.rmtree(self.path(t), ignore_errors=True)
                 with self._guard:
                     self._last_used.pop(t, None)
+                    # its lock goes too, as end() drops it: a trajectory never ended (an abandoned rollout) kept a
+                    # lock here for good, one more per such trajectory for as long as the worker ran
+                    if self._locks.get(t) is lock:
+                        del self._locks[t]
                 gone.append(t)
             finally:
                 lock.release()
