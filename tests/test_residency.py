@@ -497,6 +497,42 @@ class _ScorerOfBadSize:
         return s
 
 
+class _Fails:
+    def __call__(self, devices):
+        raise RuntimeError("CUDA error: out of memory")
+
+
+def test_failed_replicas_known_here_are_bounded_over_a_long_run(files):
+    """Each failed load is a replica id the scheduler never grants again. The latest FAILED_KEPT failed replicas
+    no action pins stay known (state and error, in the snapshot); older ones go. Before, every one stayed with its
+    error for as long as the worker ran: 4 failed loads per step, 80 records after 20 steps."""
+    kept = 8  # FAILED_KEPT
+
+    res = ledger(files, [1_000_000], loaders={"small": _Fails()})
+    rid = 0
+    for step in range(20):
+        for i in range(4):  # an action's load, then a background load (no action pins it)
+            rid += 1
+            if i % 2:
+                res.load_ahead(rid, "small", (0,))
+                assert res.replicas[rid].ready.wait(10)
+                continue
+            res.prepare(f"k{rid}", rid, "small", (0,))
+            with pytest.raises(ModelError, match="CUDA error"):
+                res.get(f"k{rid}", timeout=10)
+            assert res.replicas[rid].state == "failed"  # pinned: known while its action runs
+            res.unpin(f"k{rid}")
+    assert len(res.replicas) == kept and res.stats.failures == 80 and res.used == [0]
+    assert sorted(res.replicas) == list(range(rid - kept + 1, rid + 1))  # the latest ones
+    assert all(r.state == "failed" and r.error is not None for r in res.replicas.values())
+    res.prepare("again", rid, "small", (0,))  # a failed replica granted again is loaded again, as before
+    with pytest.raises(ModelError, match="CUDA error"):
+        res.get("again", timeout=10)
+    res.unpin("again")
+    assert len(res.replicas) == kept
+    res.close()
+
+
 @pytest.mark.parametrize("timeout_s", [None, 30.0])
 @pytest.mark.parametrize("loader", [_ReadsThenRaises, _ScorerOfBadSize])
 def test_a_failed_load_keeps_nothing_its_loader_held(files, loader, timeout_s):

@@ -41,6 +41,10 @@ from ..messages import ResidencyReport
 logger = logging.getLogger("tangram_dask.models")
 
 LOADING, RESIDENT, FAILED, EVICTED = "loading", "resident", "failed", "evicted"
+#: The failed replicas no action pins that stay known here (their state and error, in ``snapshot``), the latest
+#: ones; older ones are forgotten (the scheduler dropped them from its ledger when their failure was reported,
+#: and never grants their ids again)
+FAILED_KEPT = 8
 SHUTDOWN_PREFIX = "the worker is shutting down: "  # a failed load's report that is not its loader's fault
 LOADER_FAILED = "the loader of model "  # how the errors of a loader that raised or never returned begin
 
@@ -298,6 +302,8 @@ class Residency:
             r.pins.discard(key)
             if rid < 0 and not r.pins:  # a placeholder for a refused grant
                 del self.replicas[rid]
+            elif r.state == FAILED and not r.pins:
+                self._forget_failed()
             self._cond.notify_all()
 
     # -- the scheduler's side ------------------------------------------------------
@@ -352,6 +358,14 @@ class Residency:
             pool.shutdown(wait=False, cancel_futures=True)
 
     # -- internals -------------------------------------------------------------------
+    def _forget_failed(self) -> None:
+        """The failed replicas no action pins, but for the latest ``FAILED_KEPT``, leave (under the lock). Each
+        failed load is a replica id the scheduler never grants again: before, every one stayed here with its error
+        for as long as the worker ran (a loader failing now and then over days of steps: one more per failure)."""
+        idle = [rid for rid, r in self.replicas.items() if rid >= 0 and r.state == FAILED and not r.pins]
+        for rid in idle[:-FAILED_KEPT] if len(idle) > FAILED_KEPT else ():
+            del self.replicas[rid]
+
     def _drop(self, r: Replica) -> None:
         """Forget a replica and give its bytes back (under the lock)."""
         if self.replicas.get(r.rid) is r:
@@ -396,6 +410,8 @@ class Residency:
                     r.error.__cause__ = e
                 _forget_locals(e, r.error)  # what the loader (or its scorer) held goes now, not with the error
                 self.stats.failures += 1
+                if not r.pins:  # a background load: no action holds it (else, when the last one lets it go)
+                    self._forget_failed()
                 self._cond.notify_all()
             r.ready.set()
             gc.collect()
