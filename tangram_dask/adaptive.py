@@ -858,6 +858,10 @@ def kinds_cluster(kinds: Sequence[WorkerKind], *, n_workers: Mapping[str, int] |
             return out
 
         def new_worker_spec(self) -> dict[str, Any]:
+            # the kinds of workers scaled down since go (counts() reads those in worker_spec only): before, every
+            # worker ever made kept its entry here, one more per scale-up for as long as the cluster ran
+            for gone in [n for n in self._kind_of if n not in self.worker_spec]:
+                del self._kind_of[gone]
             kname = next_kind(self.targets, self.counts()) if self.targets is not None else None
             k = self.kinds[kname] if kname is not None else next(iter(self.kinds.values()))
             name, spec = self._spec_for(k)

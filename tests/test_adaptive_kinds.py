@@ -48,3 +48,21 @@ def test_gpu_demand_grows_a_gpu_worker_and_never_a_cpu_one():
             assert any(c.get("gpu", 0) >= 1 for c in seen), seen  # a GPU worker came for the GPU demand
             assert max(c.get("cpu", 0) for c in seen) == 1, seen  # and no CPU worker did
             assert sum(cluster.counts().values()) == 1, seen  # back to the minimum when the demand drained
+
+
+def test_a_cluster_scaled_up_and_down_for_many_steps_keeps_the_kinds_of_its_current_workers_only():
+    """Each scale-up names a new worker and notes its kind; one scaled down leaves worker_spec, and its note goes
+    at the next scale-up. Before, every worker ever made kept its note for as long as the cluster ran (one more
+    per scale-up: 100 after 50 steps of one up and one down each). The specs alone: no worker starts."""
+    cluster = kinds_cluster([CPU, GPU], scheduler_kwargs={"dashboard_address": ":0"})
+    with cluster:
+        for step in range(50):  # each step, a GPU-bound phase then a CPU-bound one: a worker up, then down
+            for _ in range(2):
+                cluster.worker_spec.update(cluster.new_worker_spec())
+            for name in list(cluster.worker_spec)[:2]:
+                del cluster.worker_spec[name]
+        assert len(cluster.worker_spec) == 0
+        spec = cluster.new_worker_spec()
+        assert set(cluster._kind_of) == set(spec)  # only the worker just named
+        cluster.worker_spec.update(spec)
+        assert sum(cluster.counts().values()) == 1
