@@ -1716,3 +1716,34 @@ def test_a_load_the_warm_up_plan_alone_asks_for_takes_no_model_its_last_replica(
     first, last = pol.gpu.by_model["rm-small"]
     assert pol._needed("rm-small", 20.0) > 0 and pol._evictable(first, set(), gone=0)
     assert pol._evictable(last, set(), gone=1) is (not plan_keep_last)
+
+
+def test_the_long_first_heap_holds_only_what_waits_over_many_steps():
+    """admit_long's heap of expected lengths: an entry goes stale when its trajectory is admitted in arrival order
+    or ends first, and was dropped only on reaching the top. Those below the last live top stayed, and the heap
+    drifted up step after step (16 trajectories a step: 78 entries after 10 steps, 145 at most over 200, with
+    nothing waiting). Now it is empty whenever nothing with an expected length waits, and never over twice what
+    waits (+16). The admission order is the same (the simulated figures with trajectory hints are unchanged)."""
+    import random
+
+    from tangram_dask.cluster import ClusterSpec, CpuNode
+    from tangram_dask.policy.types import Admit
+
+    pol = TangramPolicy(ClusterSpec("c", cpu_nodes=(CpuNode("n0", 4),), api_tokens=2), {}, ())
+    rng = random.Random(1)
+    now = 0.0
+    for step in range(50):
+        names = [f"s{step}-t{i}" for i in range(16)]
+        for t in names:
+            pol.begin_trajectory(t, now, rng.lognormvariate(3.0, 0.5))
+            assert len(pol._long) <= 2 * len(pol._long_seq) + 16
+        waiting = set(names)
+        while waiting:
+            now += 1.0
+            for d in pol.schedule(now):
+                if isinstance(d, Admit):
+                    waiting.discard(d.trajectory)
+                    now += 0.1
+                    pol.end_trajectory(d.trajectory, now)
+            assert len(pol._long) <= 2 * len(pol._long_seq) + 16
+        assert not pol._long_seq and not pol._long, (step, len(pol._long))

@@ -96,6 +96,8 @@ class AdmissionGate:
                 del queue[t]
             if self._long_seq:
                 self._long_seq.pop(t, None)
+                if not self._long_seq:  # nobody with an expected length waits: every heap entry is stale
+                    self._long.clear()
             self.admitted.add(t)
             if self.trajectory_ttl_s is not None:
                 self._touch(t, now)  # one admitted that never issues an action still expires, and frees its place

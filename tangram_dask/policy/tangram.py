@@ -356,11 +356,20 @@ class TangramPolicy(AdmissionGate, Placement, GpuPlacement, Residency, Policy):
             self._hinted[trajectory] = expected_s
             self._long_seq[trajectory] = self._expected.n
             heapq.heappush(self._long, (-expected_s, self._expected.n, trajectory))
+            if len(self._long) > 2 * len(self._long_seq) + 16:
+                # stale entries (admitted in arrival order, or ended, before reaching the top) compacted: the live
+                # ones in the same order (their keys are unique), so the same trajectory comes first. Before, those
+                # below the last live top stayed, and the heap drifted up step after step (145 entries for 16
+                # trajectories a step after 200 steps)
+                live = self._long_seq
+                self._long = [e for e in self._long if live.get(e[2]) == e[1]]
+                heapq.heapify(self._long)
 
     def end_trajectory(self, trajectory: str, now: float) -> None:
         super().end_trajectory(trajectory, now)
         self.admission_queue.pop(trajectory, None)
-        self._long_seq.pop(trajectory, None)
+        if self._long_seq.pop(trajectory, None) is not None and not self._long_seq:
+            self._long.clear()  # nobody with an expected length waits: every heap entry is stale
         self.admitted.discard(trajectory)
         self.fresh.discard(trajectory)
         self._gpu_last.pop(trajectory, None)
