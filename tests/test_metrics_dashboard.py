@@ -329,13 +329,14 @@ def test_a_departed_workers_series_leave_with_it():
     asyncio.run(main())
 
 
+def _scheduler_with_tokens(tokens: int) -> Scheduler:
+    return Scheduler(dashboard_address="127.0.0.1:0", port=0, plugins=[TangramSchedulerPlugin(api_tokens=tokens)])
+
+
 def test_several_schedulers_in_one_process_do_not_collide():
     async def main() -> None:
         http = AsyncHTTPClient()
-        async with Scheduler(dashboard_address="127.0.0.1:0", port=0,
-                             plugins=[TangramSchedulerPlugin(api_tokens=3)]) as a, \
-                Scheduler(dashboard_address="127.0.0.1:0", port=0,
-                          plugins=[TangramSchedulerPlugin(api_tokens=5)]) as b:
+        async with _scheduler_with_tokens(3) as a, _scheduler_with_tokens(5) as b:
             for s in (a, b):
                 text = (await http.fetch(f"http://127.0.0.1:{s.http_server.port}/metrics")).body.decode()
                 free = {x.labels["scheduler"]: x.value for x in families(text)["dask_tangram_units_free"].samples
@@ -357,10 +358,7 @@ def test_a_collector_that_raises_leaves_the_rest_of_metrics(caplog):
 
     async def main() -> None:
         http = AsyncHTTPClient()
-        async with Scheduler(dashboard_address="127.0.0.1:0", port=0,
-                             plugins=[TangramSchedulerPlugin(api_tokens=3)]) as a, \
-                Scheduler(dashboard_address="127.0.0.1:0", port=0,
-                          plugins=[TangramSchedulerPlugin(api_tokens=5)]) as b:
+        async with _scheduler_with_tokens(3) as a, _scheduler_with_tokens(5) as b:
             broken = [c for c in (r() for r in metrics._hub.collectors) if c is not None and c.server is a]
             assert broken
 
