@@ -625,8 +625,8 @@ def test_a_scorer_returning_a_score_per_item_is_checked_by_reward_model(files):
 
 
 def test_a_reload_is_estimated_at_what_the_models_loads_here_measured(files):
-    """A model registered at 384 KB that takes 32 KB ("small"), reloaded beside 256 KB on a 400 KB GPU, where the
-    scheduler (planning with the measured 32 KB) placed it: the load goes ahead. Before, each reload was estimated
+    """A model registered at 384 KB that takes 128 KB ("small"), reloaded beside 256 KB on a 400 KB GPU, where the
+    scheduler (planning with the measured 128 KB) placed it: the load goes ahead. Before, each reload was estimated
     at the registered figure and refused for room (live: a model declared 0.2 GB for 0.03 erred every action after
     its first eviction, told to register a larger memory_gb); a first load still goes by the registered figure, and
     its refusal now says so."""
