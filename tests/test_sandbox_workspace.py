@@ -195,3 +195,47 @@ def test_a_restore_that_fails_on_the_destination_leaves_the_source_whole(tmp_pat
     with pytest.raises(SandboxError, match="could not be restored here.*still holds the dir"):
         dst.restore("t", data)
     assert (src.path("t") / "notes").read_text() == "mine"
+
+
+def test_an_action_waiting_while_its_trajectory_is_swept_keeps_it_to_itself(tmp_path, monkeypatch):
+    """A trajectory idle past the TTL gets its next action while the sweep removes its dir: the action waits on the
+    lock the sweep holds, and the sweep drops that lock from the books. Once the action has the dir, a second action
+    of it must still wait, and the node must still hold it. Before, the action held a lock no longer in the books: the
+    second action took a new one at once (two actions in one dir), and holds() said the node had no dir for it."""
+    import shutil
+    import threading
+    import time
+
+    from tangram_dask.sandbox import workspace
+
+    now = [0.0]
+    ws = Workspaces(tmp_path / "trajectories", uid=None, ttl_s=60, clock=lambda: now[0])
+    ws.checkout("t", tmp_path / "s0", timeout_s=1)
+    ws.checkin("t", tmp_path / "s0")
+    now[0] = 100.0
+    in_rmtree, go = threading.Event(), threading.Event()
+    real = shutil.rmtree
+
+    def gated(path, *a, **kw):
+        if Path(path) == ws.path("t") and not go.is_set():
+            in_rmtree.set()
+            go.wait(10)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(workspace.shutil, "rmtree", gated)
+    sweep = threading.Thread(target=ws.sweep)
+    sweep.start()
+    assert in_rmtree.wait(10)
+    first = threading.Thread(target=ws.checkout, args=("t", tmp_path / "s1", 10))
+    first.start()
+    time.sleep(0.2)  # the action waits on the lock the sweep holds
+    go.set()
+    sweep.join(10)
+    first.join(10)
+    assert (tmp_path / "s1").is_dir()  # the first action has the dir
+    assert ws.holds("t")
+    with pytest.raises(SandboxError, match="previous action still holds"):
+        ws.checkout("t", tmp_path / "s2", timeout_s=0.2)
+    ws.checkin("t", tmp_path / "s1")
+    ws.checkout("t", tmp_path / "s2", timeout_s=1)  # and once it gave it back, the next one goes
+    ws.checkin("t", tmp_path / "s2")

@@ -22,6 +22,7 @@ import shutil
 import tarfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -56,6 +57,23 @@ class Workspaces:
         with self._guard:
             return self._locks.setdefault(trajectory, threading.Lock())
 
+    def _acquire(self, trajectory: str, timeout_s: float | None) -> threading.Lock | None:
+        """The trajectory's lock, acquired (None past ``timeout_s``; None waits for good). The lock waited on may
+        have left the books meanwhile (its holder, end() or a sweep, dropped it): then it is the trajectory's lock
+        again if nobody made a new one, else that new one is waited on. Before, an action that waited while a sweep
+        removed its trajectory held a lock no longer in the books: the next action of it took a new one at once
+        (two actions in one dir), and holds() said the node had no dir for it while the action had it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            lock = self._lock(trajectory)
+            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not lock.acquire(timeout=left):
+                return None
+            with self._guard:
+                if self._locks.setdefault(trajectory, lock) is lock:
+                    return lock
+            lock.release()
+
     def holds(self, trajectory: str) -> bool:
         """Whether the trajectory's dir is on this node: where it lives, or checked out by a running action."""
         p = self.path(trajectory)
@@ -73,8 +91,8 @@ class Workspaces:
     # -- an action's use --------------------------------------------------------
     def checkout(self, trajectory: str, slot: Path, timeout_s: float) -> None:
         """Move the trajectory's dir into ``slot`` (made if new); waits for its previous action."""
-        lock = self._lock(trajectory)
-        if not lock.acquire(timeout=timeout_s):
+        lock = self._acquire(trajectory, timeout_s)
+        if lock is None:
             raise SandboxError(f"trajectory {trajectory!r}: its previous action still holds its working dir "
                                f"after {timeout_s:g} s; run one action of a trajectory at a time")
         try:
@@ -114,8 +132,8 @@ class Workspaces:
         holds the dir, it waits for the action to give it back (at most ``timeout_s``, then
         :class:`SandboxError`).
         """
-        lock = self._lock(trajectory)
-        if not lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+        lock = self._acquire(trajectory, timeout_s)
+        if lock is None:
             raise SandboxError(f"trajectory {trajectory!r}: an action of it still holds its working dir here after "
                                f"{timeout_s:g} s, so it cannot move yet; run one action of a trajectory at a time")
         try:
@@ -143,7 +161,8 @@ class Workspaces:
         except SandboxError as e:
             raise SandboxError(f"trajectory {trajectory!r}: the snapshot cannot be restored ({e}); "
                                "pass bytes made by snapshot_trajectory") from None
-        with self._lock(trajectory):
+        lock = self._acquire(trajectory, None)
+        with _held(lock):
             dst = self.path(trajectory)
             tmp = dst.with_name(dst.name + ".restore")
             try:
@@ -166,7 +185,7 @@ class Workspaces:
 
     def end(self, trajectory: str) -> bool:
         """Remove the trajectory's dir; True if it had one here. Safe to call twice."""
-        with self._lock(trajectory):
+        with _held(self._acquire(trajectory, None)):
             p = self.path(trajectory)
             existed = p.exists()
             shutil.rmtree(p, ignore_errors=True)
@@ -184,6 +203,11 @@ class Workspaces:
         for t in expired:
             lock = self._lock(t)
             if not lock.acquire(blocking=False):  # in use right now
+                continue
+            with self._guard:
+                current = self._locks.setdefault(t, lock) is lock
+            if not current:  # ended meanwhile, and its id is in use again under a new lock
+                lock.release()
                 continue
             try:
                 shutil.rmtree(self.path(t), ignore_errors=True)
@@ -286,3 +310,12 @@ def _extract(data: bytes, members: list[tarfile.TarInfo], root: Path) -> None:
                 os.utime(path, (m.mtime, m.mtime))
     for path, mode in reversed(dirs):
         os.chmod(path, mode | 0o700)
+
+
+@contextmanager
+def _held(lock: threading.Lock):
+    """A lock already acquired (:meth:`Workspaces._acquire`), released at the block's end."""
+    try:
+        yield lock
+    finally:
+        lock.release()
