@@ -786,3 +786,36 @@ def test_a_load_failing_outside_its_loader_keeps_where_it_failed(files):
     assert isinstance(ei.value.__cause__, RuntimeError)
     assert "in param_bytes" in "".join(traceback.format_exception(ei.value))
     res.close()
+
+
+def test_a_reload_refused_at_what_its_load_here_measured_reports_that_size(files):
+    """Registered at 300 KB, "mid" takes its 256 KB (measured here at its first load). Reloaded beside 256 KB on a
+    400 KB GPU, where a scheduler planning with a smaller size measured on another worker placed it, it is refused
+    before loading (its own 256 KB, under the registered size, does not fit). The failure reports the 256 KB its load
+    here measured, so the scheduler's did-not-fit path plans with it. Before, the report took nothing: the scheduler,
+    never told why, kept the replica here, and each action of it waited room_wait_s and erred."""
+    reports = []
+    _, mid = files["mid"]
+    _, small = files["small"]
+    res = ledger(files, [400_000], declared={"mid": 300_000}, reports=reports)
+    res.prepare("a", 0, "mid", (0,))
+    res.get("a", timeout=10)
+    res.unpin("a")
+    assert res.evict(0)
+    first = [x for x in reports if x.replica == 0 and x.state == "resident"][0]
+    for i in range(1, 3):
+        res.prepare(f"s{i}", i, "small", (0,))
+        res.get(f"s{i}", timeout=10)
+    assert mid < 300_000 and 2 * small + mid > 400_000
+    res.prepare("b", 9, "mid", (0,))
+    with pytest.raises(ModelError, match=r"expected by what its last load here measured"):
+        res.get("b", timeout=10)
+    deadline = time.monotonic() + 10
+    while not (failed := [x for x in reports if x.replica == 9 and x.state == "failed"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert len(failed) == 1 and failed[0].bytes_per_gpu == mid  # what the scheduler's did-not-fit path reads
+    assert (failed[0].param_bytes, failed[0].measured_by, failed[0].load_s) == (
+        first.param_bytes, first.measured_by, first.load_s) and not failed[0].first
+    assert res.used == [2 * small]
+    res.close()

@@ -214,7 +214,8 @@ class Residency:
         # model -> (the loader, the bytes of one replica its latest load here measured, kept or not): a load's
         # estimate, rather than the registered memory_gb, once known; by that loader only (a load of the old loader
         # still running when the model was registered again ends after forget_loads, and records its own size)
-        self._sizes: dict[str, tuple[Any, int]] = {}
+        # (and what else it measured: parameter bytes, probe, load time, which a refusal before a load reports)
+        self._sizes: dict[str, tuple[Any, int, int, str, float]] = {}
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     def forget_loads(self, model: str) -> None:
@@ -460,7 +461,17 @@ class Residency:
                 self._cond.wait(left)
             if self.replicas.get(r.rid) is not r:
                 return
-            self._take(r, est, "is expected to take", advice)
+            try:
+                self._take(r, est, "is expected to take", advice)
+            except ModelError:
+                if own and size is not None:
+                    # refused by what its last load here measured: the report says so (what it takes, as measured),
+                    # as a load measured then refused does, and the scheduler plans with it. Before, it reported
+                    # nothing taken where the scheduler planned with a smaller size measured elsewhere: it placed
+                    # the replica here again, each action waiting room_wait_s and erring
+                    r.took = est
+                    r.param_bytes, r.measured_by, r.load_s = size[2], size[3], size[4]
+                raise
             r.bytes_per_gpu = est
         locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
         for lk in locks:  # one load per GPU at a time, so CUDA's counters measure this one alone
@@ -500,7 +511,7 @@ class Residency:
             r.bytes_per_gpu = 0
             r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
             r.first = r.model not in self._loaded
-            self._sizes[r.model] = (entry.loader, per_gpu * k)
+            self._sizes[r.model] = (entry.loader, per_gpu * k, pb, by, load_s)
             try:
                 self._take(r, per_gpu, "took")
             except ModelError:  # it did not fit: the report says what it took
