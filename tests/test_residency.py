@@ -648,12 +648,13 @@ def test_a_reload_is_estimated_at_what_the_models_loads_here_measured(files):
     res.close()
 
 
-def test_a_reload_of_a_model_measured_larger_than_registered_goes_by_the_registered_size(files):
+def test_a_reload_of_a_model_measured_larger_than_registered_is_refused_at_that_size_and_reports_it(files):
     """Registered at 100 KB, "mid" takes its 256 KB (measured here at its first load). Reloaded beside 256 KB on a
-    400 KB GPU (where a scheduler planning with a smaller measurement from another worker placed it), the load goes
-    ahead at the registered size and its failure reports what it took, from which the scheduler plans. Estimated at
-    this worker's own 256 KB, it was refused before loading, its report took nothing, and the scheduler, never told
-    why, placed it here again (helper-45's review)."""
+    400 KB GPU (where a scheduler planning with a smaller measurement from another worker placed it), it is refused
+    before loading, at what this worker measured, and its failure reports that size, from which the scheduler plans.
+    Estimated at the registered 100 KB (1bb34ca), it was loaded into less room than it takes (on a GPU: out of memory
+    inside the loader, counted as the loader's failure); refused at 256 KB before helper-47's fix, its report took
+    nothing, and the scheduler, never told why, placed it there again."""
     reports = []
     _, mid = files["mid"]
     _, small = files["small"]
@@ -666,9 +667,11 @@ def test_a_reload_of_a_model_measured_larger_than_registered_goes_by_the_registe
         res.prepare(f"s{i}", i, "small", (0,))
         res.get(f"s{i}", timeout=10)
     assert res.used == [2 * small] and 2 * small + 100_000 <= 400_000 < 2 * small + mid
+    loads = res.stats.loads
     res.prepare("b", 9, "mid", (0,))
-    with pytest.raises(ModelError, match=r"took 0.000256\d* GB"):
+    with pytest.raises(ModelError, match=r"expected to take 0.000256\d* GB .*what its last load here measured"):
         res.get("b", timeout=10)
+    assert res.stats.loads == loads  # not loaded: refused before
     deadline = time.monotonic() + 10
     while not (failed := [x for x in reports if x.replica == 9 and x.state == "failed"]):  # (just after the action)
         assert time.monotonic() < deadline

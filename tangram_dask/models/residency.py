@@ -438,13 +438,13 @@ class Residency:
         known = size[1] if size is not None and size[0] is entry.loader else None
         # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
         # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
-        # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35)
-        # At most the registered size, though: the scheduler plans with the latest size any worker measured, and
-        # where this worker measured it larger (a CUDA probe here, parameter bytes there) a refusal at that estimate
-        # came before any measurement, so the scheduler never learnt why and placed it here again, each action
-        # erring. At the registered size the load goes ahead, and if it then does not fit, its report says what it
-        # took, and the scheduler plans with that (helper-45's review, session 35).
-        own = known is not None and known < entry.memory_bytes
+        # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35).
+        # The scheduler plans with the latest size any worker measured; where this worker measured it larger (a CUDA
+        # probe here, parameter bytes there), a refusal at that size reports it below, as a load measured and then
+        # refused does, and the scheduler plans with it. (Capped at the registered size instead, a load went ahead
+        # into less room than this worker had seen it take: on a GPU, out of memory inside the loader, counted as
+        # the loader's failure; helper-47's review.)
+        own = known is not None
         est = math.ceil((known if own else entry.memory_bytes) / k)
         where = (f"what its last load here measured, {known / 1e9:g} GB" if own else
                  f"its registered memory_gb = {entry.memory_bytes / 1e9:g}")
