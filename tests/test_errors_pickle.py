@@ -2,13 +2,12 @@
 
 Pickled as ``Exception`` does it, an error is rebuilt by calling its class with
 its ``args`` (the message); the classes whose ``__init__`` takes their parts
-(``SpecError(field, value, problem)``, a load given up on) failed there, and the
-client got a plain ``Exception`` holding the repr: ``except ModelError`` missed a
-reward call whose model load was given up at its deadline. Whether it did
-depended on the order of imports: tblib, which distributed imports, registers
-reducers for the exception classes that exist when it installs them. So the
-round trip here uses each class's own reduction (``_own_pickle``); the live
-test checks the path end to end (where tblib covers it, it passes either way).
+(``SpecError(field, value, problem)``, a load given up on) failed there. This
+distributed installs tblib's reducer for each error before it pickles it, so
+through Dask the client got the right class anyway (helper-47 checked nine
+cases); plain pickling, and a Dask that does not, did not. So the round trip here
+uses each class's own reduction (``_own_pickle``), and the live test checks the
+path end to end (it passes either way).
 """
 
 from __future__ import annotations
