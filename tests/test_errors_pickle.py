@@ -42,9 +42,8 @@ def _sample(cls: type) -> BaseException:
 
 
 def _own_pickle(obj: object) -> bytes:
-    """``pickle.dumps`` by the class's own reduction: tblib (which distributed imports) registers reducers in
-    copyreg for the exception classes that exist when it installs them, so whether a class pickled in a Dask process
-    depended on the order of imports (LoadGivenUp, defined later, did not)."""
+    """``pickle.dumps`` by the class's own reduction, not by the reducers tblib (which distributed imports) may have
+    registered in copyreg for it."""
     buf = io.BytesIO()
     p = pickle.Pickler(buf)
     p.dispatch_table = {}
