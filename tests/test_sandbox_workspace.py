@@ -239,3 +239,47 @@ def test_an_action_waiting_while_its_trajectory_is_swept_keeps_it_to_itself(tmp_
     ws.checkin("t", tmp_path / "s1")
     ws.checkout("t", tmp_path / "s2", timeout_s=1)  # and once it gave it back, the next one goes
     ws.checkin("t", tmp_path / "s2")
+
+
+def test_a_trajectory_used_again_while_the_sweep_removes_others_keeps_its_dir(tmp_path, monkeypatch):
+    """The sweep lists the trajectories idle past the TTL, then removes them one by one. One of them whose next action
+    ran (and checked in) while the sweep was still removing another is no longer idle: its dir must stay. Before, the
+    sweep went by its list, removed the dir the action had just written to and forgot the trajectory."""
+    import shutil
+    import threading
+
+    from tangram_dask.sandbox import workspace
+
+    now = [0.0]
+    ws = Workspaces(tmp_path / "trajectories", uid=None, ttl_s=60, clock=lambda: now[0])
+    for t in ("a", "b"):
+        ws.checkout(t, tmp_path / "s", timeout_s=1)
+        ws.checkin(t, tmp_path / "s")
+    now[0] = 100.0
+    in_rmtree, go = threading.Event(), threading.Event()
+    real = shutil.rmtree
+    first = sorted(ws.trajectories())[0]  # the sweep goes in _last_used's order: "a" then "b"
+    other = "b" if first == "a" else "a"
+
+    def gated(path, *a, **kw):
+        if Path(path) == ws.path(first) and not go.is_set():
+            in_rmtree.set()
+            go.wait(10)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(workspace.shutil, "rmtree", gated)
+    gone: list[str] = []
+    sweep = threading.Thread(target=lambda: gone.extend(ws.sweep()))
+    sweep.start()
+    try:
+        assert in_rmtree.wait(10)
+        ws.checkout(other, tmp_path / "s", timeout_s=1)  # its next action, while the sweep removes the first
+        (tmp_path / "s" / "work").write_text("fresh")
+        ws.checkin(other, tmp_path / "s")
+    finally:
+        go.set()
+        sweep.join(10)
+    assert not sweep.is_alive()
+    assert gone == [first]
+    assert (ws.path(other) / "work").read_text() == "fresh"
+    assert other in ws.trajectories()

@@ -201,12 +201,17 @@ class Workspaces:
             expired = [t for t, last in self._last_used.items() if now - last > self.ttl_s]
         gone = []
         for t in expired:
-            lock = self._lock(t)
-            if not lock.acquire(blocking=False):  # in use right now
+            with self._guard:
+                lock = self._locks.get(t)
+            if lock is None or not lock.acquire(blocking=False):  # ended meanwhile, or in use right now
                 continue
             with self._guard:
-                current = self._locks.setdefault(t, lock) is lock
-            if not current:  # ended meanwhile, and its id is in use again under a new lock
+                current = self._locks.get(t) is lock
+                # still idle: an action of it may have run (and checked in) since the list above was made, while this
+                # sweep removed others; before, the sweep went by its list and removed the dir it had just written to
+                last = self._last_used.get(t)
+                idle = last is not None and self.clock() - last > self.ttl_s
+            if not current or not idle:  # used again, or ended meanwhile (and its id maybe in use under a new lock)
                 lock.release()
                 continue
             try:
