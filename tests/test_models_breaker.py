@@ -174,3 +174,55 @@ def test_a_failed_background_load_whose_worker_left_is_forgotten():
     pol.remove_node("w1")
     h.res.tick()
     assert not h.res._retrying
+
+
+def test_a_reload_refused_after_a_cold_first_load_does_not_plan_reloads_at_the_cold_time():
+    """w1's first load of rm (the process's first: imports, first CUDA use) takes 0.5 s and measures 30 GB; w2 then
+    measures it at 10 GB, the scheduler plans with that, and w1's reload beside 55 GB is refused at its own 30 GB.
+    The refusal reports that load's figures, and so whether it was w1's first: the scheduler still knows no warm load.
+    Before, the report said first=False, and the scheduler took the cold 0.5 s for a reload's time and planned every
+    reload with it (on an H200, 9.1 s for a model that reloads in 0.13 s)."""
+    from residency_harness import Scorer
+
+    class ColdThenWarm:
+        def __init__(self, nbytes, cold_s):
+            self.nbytes, self.cold_s, self.calls = nbytes, cold_s, 0
+
+        def __call__(self, devices):
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(self.cold_s)
+            return Scorer(self.nbytes)
+
+    def settle(w, rid):
+        deadline = time.monotonic() + 10
+        while (r := w.replicas.get(rid)) is not None and r.state not in ("resident", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.05)
+        h.drain()
+
+    h = Harness()
+    h.register("rm", OkLoader(1), memory_gb=10.0, load_s=5.0)
+    h.register("big", OkLoader(1), memory_gb=55.0, load_s=1.0)
+    w1 = h.add_gpu_worker("w1", loaders={"rm": ColdThenWarm(int(30e9), 0.5), "big": OkLoader(int(55e9))})
+    w2 = h.add_gpu_worker("w2", loaders={"rm": ColdThenWarm(int(10e9), 0.0)})
+    try:
+        w1.load_ahead(100, "rm", (0,))
+        settle(w1, 100)
+        assert h.res.measured["rm"].memory_gb == pytest.approx(30.0) and h.res.measured["rm"].warm_load_s is None
+        assert w1.evict(100)
+        w2.load_ahead(200, "rm", (0,))  # measured smaller there: the scheduler plans with 10 GB
+        settle(w2, 200)
+        w1.load_ahead(101, "big", (0,))
+        settle(w1, 101)
+        w1.load_ahead(102, "rm", (0,))  # 55 + 30 > 80: refused before loading, at w1's own 30 GB
+        settle(w1, 102)
+        assert w1.replicas[102].state == "failed" and w1.stats.loads == 2
+        m = h.res.measured["rm"]
+        assert m.memory_gb == pytest.approx(30.0)  # the refusal's size: the scheduler plans with it
+        assert m.warm_load_s is None, "a cold first load's time was taken for a reload's"
+        assert not h.res.failed_in_a_row  # refused for room: not the loader's failure
+    finally:
+        for w in h.workers.values():
+            w.close()

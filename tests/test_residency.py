@@ -790,7 +790,9 @@ def test_a_reload_refused_at_what_its_load_here_measured_reports_that_size(files
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert len(failed) == 1 and failed[0].bytes_per_gpu == mid  # what the scheduler's did-not-fit path reads
-    assert (failed[0].param_bytes, failed[0].measured_by, failed[0].load_s) == (
-        first.param_bytes, first.measured_by, first.load_s) and not failed[0].first
+    # that load's figures, including whether it was this process's first (it was: its load time is a cold one, which
+    # the scheduler must not plan reloads with)
+    assert (failed[0].param_bytes, failed[0].measured_by, failed[0].load_s, failed[0].first) == (
+        first.param_bytes, first.measured_by, first.load_s, True) and first.first
     assert res.used == [2 * small]
     res.close()
