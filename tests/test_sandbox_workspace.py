@@ -197,6 +197,21 @@ def test_a_restore_that_fails_on_the_destination_leaves_the_source_whole(tmp_pat
     assert (src.path("t") / "notes").read_text() == "mine"
 
 
+def test_restoring_a_trajectory_leaves_one_named_like_its_temporary_dir(tmp_path):
+    """Restoring "t" built its dir in "t.restore" first, which is also trajectory "t.restore"'s own dir: that one was
+    removed, without its lock (helper-48's review). The temporary dir now has a name no trajectory's can have."""
+    ws = Workspaces(tmp_path / "ws", uid=None, ttl_s=60)
+    for t, text in (("t", "mine"), ("t.restore", "theirs")):
+        slot = tmp_path / f"slot-{t}"
+        ws.checkout(t, slot, timeout_s=1)
+        (slot / "notes").write_text(text)
+        ws.checkin(t, slot)
+    ws.restore("t", ws.snapshot("t"))
+    assert (ws.path("t") / "notes").read_text() == "mine"
+    assert (ws.path("t.restore") / "notes").read_text() == "theirs"
+    assert sorted(p.name for p in ws.root.iterdir()) == ["t", "t.restore"]  # no temporary dir left
+
+
 def test_an_action_waiting_while_its_trajectory_is_swept_keeps_it_to_itself(tmp_path, monkeypatch):
     """A trajectory idle past the TTL gets its next action while the sweep removes its dir: the action waits on the
     lock the sweep holds, and the sweep drops that lock from the books. Once the action has the dir, a second action

@@ -164,7 +164,9 @@ class Workspaces:
         lock = self._acquire(trajectory, None)
         with _held(lock):
             dst = self.path(trajectory)
-            tmp = dst.with_name(dst.name + ".restore")
+            # a name no trajectory's dir can have (none starts with a dot): "<name>.restore" was trajectory
+            # "<name>.restore"'s own dir, removed here without its lock (helper-48's review)
+            tmp = dst.with_name("." + dst.name + ".restore")
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
                 self._make_root()
