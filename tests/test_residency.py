@@ -706,7 +706,8 @@ def test_a_load_of_the_old_loader_ending_after_forget_loads_does_not_size_the_ne
     load ends after forget_loads and records what it measured. The new loader's first load, beside 256 KB on a 400 KB
     GPU, is estimated at its registered 128 KB and goes ahead. Before, it was estimated at the old loader's 384 KB and
     refused for room (and every later load of it there, none of them reaching a measurement), the scheduler, told
-    the new loader's size by other workers' loads, placing it there again."""
+    the new loader's size by other workers' loads, placing it there again. And that load is reported as the new
+    loader's first (its time is a cold one); before, the old loader's load had marked the model loaded."""
     (big_path, big), (small_path, small), (mid_path, mid) = files["big"], files["small"], files["mid"]
     go = threading.Event()
 
@@ -716,7 +717,9 @@ def test_a_load_of_the_old_loader_ending_after_forget_loads_does_not_size_the_ne
             return NumpyLoader(big_path)(devices)
 
     entries = {"m": ModelEntry("m", Gated(), big), "mid": ModelEntry("mid", NumpyLoader(mid_path), mid)}
-    res = Residency([400_000], lambda name: entries[name], lambda gpus: tuple("cpu" for _ in gpus))
+    reports = []
+    res = Residency([400_000], lambda name: entries[name], lambda gpus: tuple("cpu" for _ in gpus),
+                    report=reports.append)
     try:
         res.prepare("a", 0, "m", (0,))  # the old loader's load, under way
         time.sleep(0.2)
@@ -731,6 +734,8 @@ def test_a_load_of_the_old_loader_ending_after_forget_loads_does_not_size_the_ne
         res.prepare("c", 2, "m", (0,))  # the new loader's first load, beside 256 KB
         res.get("c", timeout=10)
         assert res.used == [mid + small]
+        assert [(x.replica, x.first) for x in reports if x.state == "resident" and x.model == "m"] == [(0, True),
+                                                                                                     (2, True)]
     finally:
         go.set()
         res.close()

@@ -210,7 +210,9 @@ class Residency:
         self._placeholders = 0  # negative ids of refused grants (they hold nothing)
         self._hung: dict[int, tuple[tuple[int, ...], int]] = {}  # loads given up whose loader runs on: GPUs, bytes
         self._hung_seq = 0
-        self._loaded: set[str] = set()  # models this process has loaded at least once
+        # model -> the loader of its latest load in this process (a load of another loader is a first again: one of
+        # the old loader ending after forget_loads no longer marks the new loader's first load as a reload)
+        self._loaded: dict[str, Any] = {}
         # model -> (the loader, the bytes of one replica its latest load here measured, kept or not): a load's
         # estimate, rather than the registered memory_gb, once known; by that loader only (a load of the old loader
         # still running when the model was registered again ends after forget_loads, and records its own size)
@@ -222,7 +224,7 @@ class Residency:
     def forget_loads(self, model: str) -> None:
         """The model's next load counts as its first in this process (it was registered with a new loader)."""
         with self._cond:
-            self._loaded.discard(model)
+            self._loaded.pop(model, None)
             self._sizes.pop(model, None)
 
     # -- the action's side ---------------------------------------------------------
@@ -514,7 +516,7 @@ class Residency:
                 self.used[g] -= r.bytes_per_gpu
             r.bytes_per_gpu = 0
             r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
-            r.first = r.model not in self._loaded
+            r.first = self._loaded.get(r.model) is not entry.loader
             self._sizes[r.model] = (entry.loader, per_gpu * k, pb, by, load_s, r.first)
             try:
                 self._take(r, per_gpu, "took")
@@ -523,7 +525,7 @@ class Residency:
                 r.took = per_gpu
                 raise
             r.bytes_per_gpu = per_gpu
-            self._loaded.add(r.model)
+            self._loaded[r.model] = entry.loader
             r.scorer, r.state = scorer, RESIDENT
             scorer = None  # the replica holds it: an action may evict it as soon as it is ready, and it then goes
             self.stats.loads += 1
