@@ -33,7 +33,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Protocol, Sequence
 
 from ..errors import ModelError
 from ..messages import ResidencyReport
@@ -168,6 +168,17 @@ class LoadGivenUp(ModelError):
         self.hold, self.per_gpu = hold, per_gpu
 
 
+class LastLoad(NamedTuple):
+    """What a worker's latest load of a model measured (kept or not): a later load's estimate, by that loader only,
+    and what a refusal before a load reports."""
+    loader: Any
+    nbytes: int  # one replica, all its GPUs
+    param_bytes: int
+    measured_by: str
+    load_s: float
+    first: bool  # the process's first load of the model
+
+
 @dataclass
 class ResidencyStats:
     loads: int = 0
@@ -213,12 +224,10 @@ class Residency:
         # model -> the loader of its latest load in this process (a load of another loader is a first again: one of
         # the old loader ending after forget_loads no longer marks the new loader's first load as a reload)
         self._loaded: dict[str, Any] = {}
-        # model -> (the loader, the bytes of one replica its latest load here measured, kept or not): a load's
-        # estimate, rather than the registered memory_gb, once known; by that loader only (a load of the old loader
-        # still running when the model was registered again ends after forget_loads, and records its own size)
-        # (and what else it measured: parameter bytes, probe, load time and whether it was this process's first load
-        # of the model, which a refusal before a load reports)
-        self._sizes: dict[str, tuple[Any, int, int, str, float, bool]] = {}
+        # model -> what its latest load here measured: a load's estimate, rather than the registered memory_gb,
+        # once known; by that loader only (a load of the old loader still running when the model was registered
+        # again ends after forget_loads, and records its own size)
+        self._sizes: dict[str, LastLoad] = {}
         self.room_wait_s = room_wait_s  # how long a load waits for room before it fails
 
     def forget_loads(self, model: str) -> None:
@@ -438,7 +447,7 @@ class Residency:
         k = len(r.gpus)
         with self._cond:
             size = self._sizes.get(r.model)
-        known = size[1] if size is not None and size[0] is entry.loader else None
+        known = size.nbytes if size is not None and size.loader is entry.loader else None
         # what its loads here measured, once one has: the registered memory_gb may be far off either way, and one
         # declared larger than it is (0.2 GB for 0.03) was refused for room at each reload beside other replicas
         # that the scheduler, planning with the measured size, had rightly placed it beside (before session 35).
@@ -467,16 +476,16 @@ class Residency:
             try:
                 self._take(r, est, "is expected to take", advice)
             except ModelError:
-                if own and size is not None:
+                if own:
                     # refused by what its last load here measured: the report says so (what it takes, as measured),
                     # as a load measured then refused does, and the scheduler plans with it. Before, it reported
                     # nothing taken where the scheduler planned with a smaller size measured elsewhere: it placed
                     # the replica here again, each action waiting room_wait_s and erring
                     r.took = est
-                    r.param_bytes, r.measured_by, r.load_s = size[2], size[3], size[4]
+                    r.param_bytes, r.measured_by, r.load_s = size.param_bytes, size.measured_by, size.load_s
                     # and whether that load was the process's first: a cold first load's time (9.1 s against 0.13 s
                     # for all-MiniLM-L6-v2 on an H200) reported as a reload's, the scheduler planned reloads with it
-                    r.first = size[5]
+                    r.first = size.first
                 raise
             r.bytes_per_gpu = est
         locks = [self._gpu_locks[g] for g in sorted(set(r.gpus))]
@@ -517,7 +526,7 @@ class Residency:
             r.bytes_per_gpu = 0
             r.param_bytes, r.measured_by, r.load_s = pb, by, load_s  # measured, kept or not
             r.first = self._loaded.get(r.model) is not entry.loader
-            self._sizes[r.model] = (entry.loader, per_gpu * k, pb, by, load_s, r.first)
+            self._sizes[r.model] = LastLoad(entry.loader, per_gpu * k, pb, by, load_s, r.first)
             try:
                 self._take(r, per_gpu, "took")
             except ModelError:  # it did not fit: the report says what it took
